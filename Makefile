@@ -1,0 +1,26 @@
+# Each target creates .venv on first use and installs what it needs.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.minisgl-installed
+
+.PHONY: demo test install clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	# CPU torch from the local wheel when no torch is present; never a CUDA build.
+	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV)

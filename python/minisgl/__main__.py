@@ -1,0 +1,63 @@
+"""`python -m minisgl <command>`: make-tiny-model, generate."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+
+
+def _make_tiny_model(ns: argparse.Namespace) -> None:
+    from minisgl.tools.make_tiny_model import make_tiny_model
+
+    path = make_tiny_model(ns.dir, arch=ns.arch, fp8=ns.fp8, seed=ns.seed, num_layers=ns.num_layers)
+    print(f"wrote {ns.arch}{' fp8' if ns.fp8 else ''} checkpoint to {path}")
+
+
+def _generate(ns: argparse.Namespace) -> None:
+    from minisgl.llm import LLM
+    from minisgl.sampling_params import SamplingParams
+    from minisgl.server.cli_args import engine_args_from
+
+    args = engine_args_from(ns)
+    llm = LLM(**dataclasses.asdict(args))
+    params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, ignore_eos=ns.ignore_eos)
+    start = time.perf_counter()
+    results = llm.generate(ns.prompt, params)
+    elapsed = time.perf_counter() - start
+    for prompt, r in zip(ns.prompt, results):
+        print(f"prompt: {prompt!r}\ncompletion: {r.text!r}\ntokens: {list(r.token_ids)} ({r.finish_reason})\n")
+    n = sum(len(r.token_ids) for r in results)
+    print(f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s on {llm.engine.device}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from minisgl.server.cli_args import add_engine_args
+
+    parser = argparse.ArgumentParser(prog="minisgl")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-tiny-model", help="write a small random checkpoint in the real Qwen3.5 layout")
+    p.add_argument("dir")
+    p.add_argument("--arch", choices=["qwen3_5_moe", "qwen3_moe"], default="qwen3_5_moe")
+    p.add_argument("--fp8", action="store_true", help="block-128 FP8 weights with per-expert tensors")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-layers", type=int, default=None)
+    p.set_defaults(func=_make_tiny_model)
+
+    p = sub.add_parser("generate", help="offline generation: prompts in, completions and tokens/s out")
+    p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--ignore-eos", action="store_true")
+    add_engine_args(p)
+    p.set_defaults(func=_generate)
+
+    ns = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    ns.func(ns)
+
+
+if __name__ == "__main__":
+    main()

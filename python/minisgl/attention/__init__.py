@@ -1,0 +1,1 @@
+"""Full-attention backends over the paged KV pool."""

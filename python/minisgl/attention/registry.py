@@ -1,0 +1,4 @@
+from minisgl.registry import Registry
+
+ATTENTION_BACKENDS: Registry = Registry("attention")
+ATTENTION_BACKENDS.register("torch", "minisgl.attention.torch_backend:TorchAttentionBackend")

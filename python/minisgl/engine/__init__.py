@@ -1,0 +1,1 @@
+"""The engine: device, model, pools and backends; forward_batch(batch) -> logits."""

@@ -1,0 +1,31 @@
+"""Engine and scheduler arguments, named as the SGLang flags are."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model_path: str | None = None  # None = the embedded tiny default model
+    dtype: str = "auto"  # auto = the checkpoint's dtype
+    device: str = "auto"  # auto = cuda when available, else cpu
+    page_size: int = 64
+    max_running_requests: int = 16
+    context_length: int | None = None  # max tokens per request; None = the model's max_position_embeddings
+    num_pages: int | None = None  # KV pages; None = every slot can reach context_length
+    chunked_prefill_size: int = 2048
+    attention_backend: str = "torch"
+    gdn_backend: str = "torch"
+    moe_backend: str = "torch"
+    mamba_ssm_dtype: str | None = None  # None = the config's mamba_ssm_dtype (fp32)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunked_prefill_size < 1:
+            raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.mamba_ssm_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"mamba_ssm_dtype must be float32 or bfloat16, got {self.mamba_ssm_dtype!r}")

@@ -1,0 +1,75 @@
+"""The per-step batch every backend reads: a flat ("varlen") token dimension over requests of
+different lengths, with their positions, state slots and page-table rows.
+
+A request in the batch extends its sequence by `extend_lens[i]` tokens after `prefix_lens[i]`
+already-cached ones; a decode request is an extend of one. Built once per step, read by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    cu_seqlens: torch.Tensor  # [B + 1] int32, query tokens per request
+    seq_lens: torch.Tensor  # [B] int32, prefix + extend
+    slots: torch.Tensor  # [B] int64, state slot (and table row = slot - 1)
+    table_rows: torch.Tensor  # [B] int64
+    cache_loc: torch.Tensor  # [T] int64, flat KV index where each new token's K/V is written
+    logit_idx: torch.Tensor  # [B] int64, flat index of each request's last token
+    # Host copies for the torch reference backends, which loop over requests.
+    prefix_lens: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.extend_lens)
+
+    @staticmethod
+    def build(
+        tokens: list[list[int]],
+        prefix_lens: list[int],
+        slots: list[int],
+        page_table: torch.Tensor,
+        page_size: int,
+        device: torch.device | str,
+    ) -> "ForwardBatch":
+        if not (len(tokens) == len(prefix_lens) == len(slots)) or not tokens:
+            raise ValueError("a batch needs one token list, prefix length and slot per request, and >= 1 request")
+        if any(len(t) == 0 for t in tokens):
+            raise ValueError("every request in a batch must extend by at least one token")
+        extend = [len(t) for t in tokens]
+        flat = [tok for t in tokens for tok in t]
+        positions = [p for start, n in zip(prefix_lens, extend) for p in range(start, start + n)]
+        cu = [0]
+        for n in extend:
+            cu.append(cu[-1] + n)
+        rows = [s - 1 for s in slots]
+        pos_t = torch.tensor(positions, dtype=torch.int64, device=device)
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+        token_rows = torch.repeat_interleave(rows_t, torch.tensor(extend, device=device))
+        pages = page_table[token_rows, pos_t // page_size].to(torch.int64)
+        return ForwardBatch(
+            input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
+            positions=pos_t,
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([p + n for p, n in zip(prefix_lens, extend)], dtype=torch.int32, device=device),
+            slots=torch.tensor(slots, dtype=torch.int64, device=device),
+            table_rows=rows_t,
+            cache_loc=pages * page_size + pos_t % page_size,
+            logit_idx=torch.tensor(cu[1:], dtype=torch.int64, device=device) - 1,
+            prefix_lens=tuple(prefix_lens),
+            extend_lens=tuple(extend),
+        )

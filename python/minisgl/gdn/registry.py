@@ -1,0 +1,7 @@
+"""Name -> GDN backend class; the torch backend is the CPU path and the reference for GPU kernels."""
+from __future__ import annotations
+
+from minisgl.registry import Registry
+
+GDN_BACKENDS: Registry = Registry("gdn")
+GDN_BACKENDS.register("torch", "minisgl.gdn.torch_backend:TorchGDNBackend")

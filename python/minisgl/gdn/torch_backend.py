@@ -1,0 +1,89 @@
+"""Reference GDN backend in plain torch: the CPU path, and the ground truth for GPU kernels.
+
+Varlen batches are flat over tokens with `cu_seqlens` [B+1] delimiting requests; request i owns
+state slot `slots[i]` in the per-layer pools, whose contents are its initial state (the pool zeroes a
+slot before a request's first prefill). States are updated in place.
+
+Padding: rows whose slot is 0 (the dummy) are computed like real rows and their state is written to
+slot 0, which is scratch; when several padding rows share slot 0, which write lands is unspecified.
+Real requests must carry distinct non-zero slots.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, gdn_gates, prepare_qk
+
+
+class TorchGDNBackend:
+    """Math is fp32 throughout; outputs come back in the input dtype and states in the pool dtype."""
+
+    def conv_prefill(self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
+        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C]."""
+        channels, width = weight.shape
+        kernel = weight.float()[:, None, :]
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        bounds = cu_seqlens.tolist()
+        for i, slot in enumerate(slots.tolist()):
+            start, end = bounds[i], bounds[i + 1]
+            # History then this request's inputs, [C, W-1+L]; a valid conv over it yields exactly L outputs.
+            seq = torch.cat([conv_state[slot].float(), x[start:end].float().T], dim=1)
+            out[start:end] = F.silu(F.conv1d(seq[None], kernel, groups=channels)[0]).T
+            # The last W-1 columns include old history when L < W-1, so short requests shift the state.
+            conv_state[slot] = seq[:, seq.shape[1] - (width - 1) :]
+        return out.to(x.dtype)
+
+    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
+        """x [B, C], one token per request -> [B, C]; each slot's window shifts by one."""
+        seq = torch.cat([conv_state[slots].float(), x.float()[:, :, None]], dim=2)  # [B, C, W]
+        out = F.silu((seq * weight.float()).sum(-1))
+        conv_state[slots] = seq[:, :, 1:].to(conv_state.dtype)
+        return out.to(x.dtype)
+
+    def delta_prefill(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        A_log: Tensor,
+        dt_bias: Tensor,
+        cu_seqlens: Tensor,
+        ssm_state: Tensor,
+        slots: Tensor,
+    ) -> Tensor:
+        """q, k [T, H, K], v [T, HV, V], a, b [T, HV], ssm_state [N, HV, K, V] -> o [T, HV, V]."""
+        q, k = prepare_qk(q, k, v.shape[-2])
+        g, beta = gdn_gates(a, b, A_log, dt_bias)
+        vf = v.float()
+        out = torch.empty(vf.shape, dtype=torch.float32, device=v.device)
+        bounds = cu_seqlens.tolist()
+        for i, slot in enumerate(slots.tolist()):
+            s, e = bounds[i], bounds[i + 1]
+            out[s:e], state = chunk_gated_delta_rule(
+                q[s:e], k[s:e], vf[s:e], g[s:e], beta[s:e], ssm_state[slot].float()
+            )
+            ssm_state[slot] = state
+        return out.to(v.dtype)
+
+    def delta_decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        A_log: Tensor,
+        dt_bias: Tensor,
+        ssm_state: Tensor,
+        slots: Tensor,
+    ) -> Tensor:
+        """q, k [B, H, K], v [B, HV, V], a, b [B, HV]: one recurrent step per request -> [B, HV, V]."""
+        q, k = prepare_qk(q, k, v.shape[-2])
+        g, beta = gdn_gates(a, b, A_log, dt_bias)
+        out, state = gated_delta_step(q, k, v.float(), g, beta, ssm_state[slots].float())
+        ssm_state[slots] = state.to(ssm_state.dtype)
+        return out.to(v.dtype)

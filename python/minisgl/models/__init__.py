@@ -1,0 +1,1 @@
+"""Model configs, definitions and the weight loader."""

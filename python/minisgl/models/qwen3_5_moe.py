@@ -1,0 +1,88 @@
+"""Qwen3.5-MoE: 3:1 interleaved Gated DeltaNet and gated full attention, every layer an MoE.
+Qwen3-MoE runs on the same definition (all layers full attention; see models/registry.py).
+
+The one model definition for every mode: the MoE block is injected (`mlp_factory`), so colocated
+runs use LocalMoE and an AFD attention worker a remote block, with no twin model.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from minisgl.kvcache.hybrid_pool import HybridPool
+from minisgl.layers.embedding import Embedding
+from minisgl.layers.linear import Linear
+from minisgl.layers.norm import RMSNorm
+from minisgl.layers.rotary import RotaryEmbedding
+from minisgl.forward_batch import ForwardBatch
+from minisgl.models.attention_mixer import Attention
+from minisgl.models.config import FULL_ATTENTION, ModelConfig
+from minisgl.models.context import Backends, ForwardContext
+from minisgl.models.gdn_mixer import GatedDeltaNet
+from minisgl.moe.local_moe import LocalMoE
+
+MlpFactory = Callable[[int], nn.Module]
+
+
+def local_moe_factory(config: ModelConfig, backends: Backends) -> MlpFactory:
+    def make(layer_id: int) -> nn.Module:
+        return LocalMoE(
+            config.hidden_size,
+            config.num_experts,
+            config.top_k,
+            config.moe_intermediate_size,
+            config.shared_expert_intermediate_size,
+            config.norm_topk_prob,
+            backends.moe,
+        )
+
+    return make
+
+
+class Qwen3_5MoeDecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backends: Backends, mlp: nn.Module
+    ) -> None:
+        super().__init__()
+        self.is_full = config.layer_types[layer_id] == FULL_ATTENTION
+        if self.is_full:
+            self.self_attn = Attention(config, layer_id, rotary, backends.attention)
+        else:
+            self.linear_attn = GatedDeltaNet(config, layer_id, backends.gdn)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        mixer = self.self_attn if self.is_full else self.linear_attn
+        h = x + mixer(self.input_layernorm(x), ctx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3_5MoeForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, backends: Backends, mlp_factory: MlpFactory | None = None) -> None:
+        super().__init__()
+        self.config = config
+        make_mlp = mlp_factory or local_moe_factory(config, backends)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            Qwen3_5MoeDecoderLayer(config, i, self.rotary, backends, make_mlp(i)) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, batch: ForwardBatch, pool: HybridPool, all_logits: bool = False) -> torch.Tensor:
+        """Returns fp32 logits of each request's last token [B, V], or of every token [T, V]."""
+        x = self.embed_tokens(batch.input_ids)
+        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        ctx = ForwardContext(batch, pool, cos, sin)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        if not all_logits:
+            x = x[batch.logit_idx]
+        x = self.norm(x)
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(x, head).float()

@@ -1,0 +1,43 @@
+"""A name -> backend map per backend family, importing each backend only when it is chosen.
+
+Lazy import keeps GPU-only modules (triton, fla) out of CPU processes that never select them.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    module: str
+    attr: str
+
+
+class Registry(Generic[T]):
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self._entries: dict[str, _Entry] = {}
+
+    def register(self, name: str, target: str) -> None:
+        """Register `name` -> "package.module:attr"."""
+        module, _, attr = target.partition(":")
+        if not attr:
+            raise ValueError(f"{self.family} backend target must be 'module:attr', got {target!r}")
+        if name in self._entries:
+            raise ValueError(f"{self.family} backend {name!r} is registered twice")
+        self._entries[name] = _Entry(module, attr)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> Any:
+        entry = self._entries.get(name)
+        if entry is None:
+            raise ValueError(
+                f"unknown {self.family} backend {name!r}; choose one of {', '.join(self.names())}"
+            )
+        return getattr(importlib.import_module(entry.module), entry.attr)

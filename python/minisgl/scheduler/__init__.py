@@ -1,0 +1,1 @@
+"""Requests, admission by pages and state slots, continuous batching with chunked prefill."""

@@ -1,0 +1,1 @@
+"""Tokenizer loading (HF tokenizers), decoding and chat templates."""

@@ -1,0 +1,248 @@
+"""TorchGDNBackend against transformers' own torch GDN functions (fp32), plus varlen/slot/dtype behaviour.
+
+Tolerances: fp32 comparisons use max|diff| / max|ref| <= 1e-5; bf16 inputs (fp32 state) <= 1e-2, bf16 state <= 3e-2.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    torch_chunk_gated_delta_rule,
+    torch_recurrent_gated_delta_rule,
+)
+
+from minisgl.gdn.registry import GDN_BACKENDS
+
+FP32_TOL = 1e-5
+BF16_TOL = 1e-2
+BF16_STATE_TOL = 3e-2
+
+CONV_DIM, WIDTH = 24, 4
+H, HV, K, V = 2, 4, 16, 32
+NUM_SLOTS = 9
+
+
+def rel_err(x: Tensor, ref: Tensor) -> float:
+    return ((x.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def cu_seqlens_of(lengths: list[int]) -> Tensor:
+    return F.pad(torch.tensor(lengths).cumsum(0), (1, 0)).to(torch.int32)
+
+
+@pytest.fixture
+def backend():
+    return GDN_BACKENDS.get("torch")()
+
+
+@pytest.fixture(autouse=True)
+def seed() -> None:
+    torch.manual_seed(0)
+
+
+def gdn_inputs(total: int, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    # A spread from mild to strong decay so the initial state matters over long and short ranges.
+    return dict(
+        q=torch.randn(total, H, K, dtype=dtype),
+        k=torch.randn(total, H, K, dtype=dtype),
+        v=torch.randn(total, HV, V, dtype=dtype),
+        a=torch.randn(total, HV, dtype=dtype),
+        b=torch.randn(total, HV, dtype=dtype),
+        A_log=torch.linspace(0.01, 1.5, HV).log(),
+        dt_bias=torch.randn(HV),
+    )
+
+
+def token_rows(inp: dict[str, Tensor], index) -> dict[str, Tensor]:
+    """Select tokens from the per-token inputs; the per-head parameters A_log, dt_bias pass through."""
+    return {n: x if n in ("A_log", "dt_bias") else x[index] for n, x in inp.items()}
+
+
+def hf_gates(inp: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    g = -inp["A_log"].float().exp() * F.softplus(inp["a"].float() + inp["dt_bias"])
+    return g, inp["b"].float().sigmoid()
+
+
+def hf_delta(fn, inp: dict[str, Tensor], s: int, e: int, state: Tensor) -> tuple[Tensor, Tensor]:
+    """Run a transformers delta-rule function on tokens [s, e) as a batch of one."""
+    g, beta = hf_gates(inp)
+    out, final = fn(
+        inp["q"][None, s:e], inp["k"][None, s:e], inp["v"][None, s:e], g=g[None, s:e], beta=beta[None, s:e],
+        initial_state=state[None].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )
+    return out[0], final[0]
+
+
+# ---------------------------------------------------------------- conv
+
+
+def test_conv_prefill_varlen(backend) -> None:
+    lengths, slots = [1, 2, 3, 5, 70], [6, 2, 8, 3, 5]
+    cu = cu_seqlens_of(lengths)
+    x = torch.randn(int(cu[-1]), CONV_DIM)
+    weight = torch.randn(CONV_DIM, WIDTH)
+    pool = torch.randn(NUM_SLOTS, CONV_DIM, WIDTH - 1)
+    before = pool.clone()
+
+    out = backend.conv_prefill(x, weight, cu, pool, torch.tensor(slots))
+
+    for i, slot in enumerate(slots):
+        seq = torch.cat([before[slot], x[cu[i] : cu[i + 1]].T], dim=1)  # [C, W-1+L]
+        ref = causal_conv1d_fn(seq[None], weight, activation="silu")[0, :, WIDTH - 1 :].T
+        assert rel_err(out[cu[i] : cu[i + 1]], ref) <= FP32_TOL
+        # Exact: the state is a copy of the newest W-1 inputs (old history shifted in for short requests).
+        assert torch.equal(pool[slot], seq[:, -(WIDTH - 1) :])
+    untouched = [s for s in range(NUM_SLOTS) if s not in slots]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_conv_decode(backend) -> None:
+    slots = torch.tensor([7, 1, 4])
+    x = torch.randn(len(slots), CONV_DIM)
+    weight = torch.randn(CONV_DIM, WIDTH)
+    pool = torch.randn(NUM_SLOTS, CONV_DIM, WIDTH - 1)
+    before = pool.clone()
+
+    out = backend.conv_decode(x, weight, pool, slots)
+
+    ref_state = before[slots].clone()
+    ref = causal_conv1d_update(x[:, :, None], ref_state, weight, activation="silu")[:, :, 0]
+    assert rel_err(out, ref) <= FP32_TOL
+    assert torch.equal(pool[slots], ref_state)
+    untouched = [s for s in range(NUM_SLOTS) if s not in slots.tolist()]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_conv_decode_steps_equal_prefill(backend) -> None:
+    x = torch.randn(6, CONV_DIM)
+    weight = torch.randn(CONV_DIM, WIDTH)
+    pool = torch.randn(NUM_SLOTS, CONV_DIM, WIDTH - 1)
+    pool_steps = pool.clone()
+    slot = torch.tensor([3])
+    out = backend.conv_prefill(x, weight, cu_seqlens_of([6]), pool, slot)
+    steps = torch.cat([backend.conv_decode(x[t : t + 1], weight, pool_steps, slot) for t in range(6)])
+    assert rel_err(steps, out) <= FP32_TOL
+    assert torch.allclose(pool_steps, pool)
+
+
+# ---------------------------------------------------------------- delta rule
+
+
+@pytest.mark.parametrize("ref_fn", [torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule])
+def test_delta_prefill_varlen(backend, ref_fn) -> None:
+    lengths, slots = [1, 63, 64, 65, 130], [7, 2, 5, 1, 8]
+    cu = cu_seqlens_of(lengths)
+    inp = gdn_inputs(int(cu[-1]))
+    pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    before = pool.clone()
+
+    out = backend.delta_prefill(**inp, cu_seqlens=cu, ssm_state=pool, slots=torch.tensor(slots))
+
+    assert out.shape == (int(cu[-1]), HV, V) and out.dtype == torch.float32
+    for i, slot in enumerate(slots):
+        ref_out, ref_state = hf_delta(ref_fn, inp, int(cu[i]), int(cu[i + 1]), before[slot])
+        assert rel_err(out[cu[i] : cu[i + 1]], ref_out) <= FP32_TOL, f"request {i} (len {lengths[i]})"
+        assert rel_err(pool[slot], ref_state) <= FP32_TOL, f"request {i} (len {lengths[i]})"
+    untouched = [s for s in range(NUM_SLOTS) if s not in slots]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_delta_decode(backend) -> None:
+    slots = torch.tensor([6, 3, 1])
+    inp = gdn_inputs(len(slots))
+    pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    before = pool.clone()
+
+    out = backend.delta_decode(**inp, ssm_state=pool, slots=slots)
+
+    for i, slot in enumerate(slots.tolist()):
+        ref_out, ref_state = hf_delta(torch_recurrent_gated_delta_rule, inp, i, i + 1, before[slot])
+        assert rel_err(out[i], ref_out[0]) <= FP32_TOL
+        assert rel_err(pool[slot], ref_state) <= FP32_TOL
+    untouched = [s for s in range(NUM_SLOTS) if s not in slots.tolist()]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_delta_decode_steps_equal_prefill(backend) -> None:
+    steps, slots = 70, torch.tensor([4, 8])
+    inp = gdn_inputs(steps * len(slots))  # token t of request r at row t * B + r (decode batch order)
+    pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    pool_prefill = pool.clone()
+
+    decoded = torch.stack(
+        [
+            backend.delta_decode(**token_rows(inp, slice(2 * t, 2 * t + 2)), ssm_state=pool, slots=slots)
+            for t in range(steps)
+        ]
+    )  # [steps, B, HV, V]
+    # Same tokens regrouped request-major for one varlen prefill.
+    request_major = torch.arange(steps * 2).view(steps, 2).T.flatten()
+    out = backend.delta_prefill(
+        **token_rows(inp, request_major), cu_seqlens=cu_seqlens_of([steps, steps]), ssm_state=pool_prefill, slots=slots
+    )
+
+    assert rel_err(decoded.transpose(0, 1).flatten(0, 1), out) <= FP32_TOL
+    assert rel_err(pool[slots], pool_prefill[slots]) <= FP32_TOL
+
+
+def test_delta_decode_padding_rows_leave_real_rows_alone(backend) -> None:
+    """Padding rows carry slot 0: they may write slot 0 but must not change real rows' results."""
+    inp = gdn_inputs(4)
+    pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    pool_ref = pool.clone()
+    out = backend.delta_decode(**inp, ssm_state=pool, slots=torch.tensor([2, 0, 5, 0]))
+    ref = backend.delta_decode(**token_rows(inp, [0, 2]), ssm_state=pool_ref, slots=torch.tensor([2, 5]))
+    assert torch.equal(out[[0, 2]], ref)
+    assert torch.equal(pool[1:], pool_ref[1:])
+
+
+# ---------------------------------------------------------------- bf16
+
+
+def test_bf16_inputs_fp32_state(backend) -> None:
+    lengths, slots = [5, 70], torch.tensor([3, 6])
+    cu = cu_seqlens_of(lengths)
+    inp = gdn_inputs(int(cu[-1]), torch.bfloat16)
+    pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    pool32 = pool.clone()
+
+    out = backend.delta_prefill(**inp, cu_seqlens=cu, ssm_state=pool, slots=slots)
+    inp32 = {n: x.float() for n, x in inp.items()}
+    out32 = backend.delta_prefill(**inp32, cu_seqlens=cu, ssm_state=pool32, slots=slots)
+    assert out.dtype == torch.bfloat16 and pool.dtype == torch.float32
+    assert rel_err(out, out32) <= BF16_TOL
+    assert rel_err(pool, pool32) <= FP32_TOL  # state math is fp32 on the same (bf16-exact) inputs
+
+    x = torch.randn(int(cu[-1]), CONV_DIM, dtype=torch.bfloat16)
+    weight = torch.randn(CONV_DIM, WIDTH, dtype=torch.bfloat16)
+    conv = torch.randn(NUM_SLOTS, CONV_DIM, WIDTH - 1, dtype=torch.bfloat16)
+    conv32 = conv.float()
+    y = backend.conv_prefill(x, weight, cu, conv, slots)
+    y32 = backend.conv_prefill(x.float(), weight.float(), cu, conv32, slots)
+    assert y.dtype == torch.bfloat16 and rel_err(y, y32) <= BF16_TOL
+    assert torch.equal(conv.float(), conv32)  # the state holds raw inputs, exact in bf16
+
+
+def test_bf16_state_pool(backend) -> None:
+    """A bf16 pool rounds the state after each call; prefill + decode stay near the fp32-pool result."""
+    lengths, slots = [40, 90], torch.tensor([2, 7])
+    cu = cu_seqlens_of(lengths)
+    inp = gdn_inputs(int(cu[-1]) + 2 * 8)
+    pool32 = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
+    pool16 = pool32.to(torch.bfloat16)
+    pool32 = pool16.float()  # same starting values
+
+    total = int(cu[-1])
+    outs = {}
+    for name, pool in (("fp32", pool32), ("bf16", pool16)):
+        res = [backend.delta_prefill(**token_rows(inp, slice(0, total)), cu_seqlens=cu, ssm_state=pool, slots=slots)]
+        for t in range(total, total + 16, 2):
+            res.append(backend.delta_decode(**token_rows(inp, slice(t, t + 2)), ssm_state=pool, slots=slots))
+        outs[name] = torch.cat(res)
+    assert pool16.dtype == torch.bfloat16
+    assert rel_err(outs["bf16"], outs["fp32"]) <= BF16_STATE_TOL
+    assert rel_err(pool16, pool32) <= BF16_STATE_TOL
