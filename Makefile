@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32
 
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	OMP_NUM_THREADS=1 $(VPY) -m pytest -q tests
 
 clean:
 	rm -rf $(VENV)
