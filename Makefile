@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32
+	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32 --ignore-eos
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(VPY) -m pytest -q tests
