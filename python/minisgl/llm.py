@@ -7,7 +7,10 @@ from typing import Sequence
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
 from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
+from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.scheduler import Scheduler
+from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
 
@@ -17,16 +20,18 @@ class GenerationResult:
     token_ids: tuple[int, ...]
     text: str
     finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # when SamplingParams.logprobs is set
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # when SamplingParams.prompt_logprobs is set
 
 
 class LLM:
     def __init__(self, model_path: str | None = None, **engine_args: object) -> None:
         self.engine = Engine(EngineArgs(model_path=model_path, **engine_args))
         self.tokenizer = load_tokenizer(self.engine.model_path)
-        self.scheduler = Scheduler(self.engine, self._decode)
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        self.scheduler: RequestScheduler = Scheduler(
+            self.engine, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
+        )
+        self._next_rid = 0
 
     def generate(
         self,
@@ -46,16 +51,21 @@ class LLM:
                 self.scheduler.validate(toks, p)
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from None
-        reqs = [self.scheduler.add_request(t, p) for t, p in zip(ids, params)]
+        rids = [f"offline-{self._next_rid + i}" for i in range(len(ids))]
+        self._next_rid += len(ids)
+        for rid, toks, p in zip(rids, ids, params):
+            self.scheduler.add_request(GenerateRequest(rid, tuple(toks), p))
+        outputs: dict[str, list[RequestOutput]] = {rid: [] for rid in rids}
         while self.scheduler.has_work:
-            self.scheduler.step()
-        self.engine.pool.check_integrity()
-        return [
-            GenerationResult(
-                tuple(r.prompt_ids),
-                tuple(r.output_ids),
-                r.stop_text if r.stop_text is not None else self._decode(r.output_ids),
-                r.finish_reason,
-            )
-            for r in reqs
-        ]
+            for out in self.scheduler.step():
+                outputs[out.rid].append(out)
+        self.scheduler.check_integrity()
+        return [self._result(toks, p, outputs[rid]) for rid, toks, p in zip(rids, ids, params)]
+
+    def _result(self, prompt: list[int], params: SamplingParams, outs: list[RequestOutput]) -> GenerationResult:
+        tokens = tuple(t for o in outs for t in o.new_token_ids)
+        text = TextStream(self.tokenizer, params.skip_special_tokens, params.stop).push(tokens, finished=True)
+        prompt_lp = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
+        return GenerationResult(
+            tuple(prompt), tokens, text, outs[-1].finish_reason, tuple(e for o in outs for e in o.logprobs), prompt_lp
+        )

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -15,6 +17,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     seed: int | None = None
+    logprobs: int | None = None  # top-k alternatives per output token; None = no logprobs, 0 = the chosen token's only
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (vLLM's extension)
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         # Accept lists (and a bare string for `stop`) the way the OpenAI API does.
@@ -27,8 +32,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0 or (self.max_tokens == 0 and self.prompt_logprobs is None):
+            raise ValueError(f"max_tokens must be >= 1 (0 only with prompt_logprobs, to score a prompt), got {self.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

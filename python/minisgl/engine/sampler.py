@@ -25,6 +25,14 @@ def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
     """logits [B, V] fp32 -> one token id per row."""
+    return sample_tensor(logits, params, generators).tolist()
+
+
+def sample_tensor(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Like sample, but [B] int64 on the logits' device and without a host sync, so the overlap
+    loop can feed the tokens into the next step before the CPU has seen them."""
     out = torch.argmax(logits, dim=-1)
     for i, p in enumerate(params):
         if p.greedy:
@@ -32,4 +40,4 @@ def sample(
         row = _filter(logits[i] / p.temperature, p.top_k, p.top_p)
         probs = row.softmax(-1)
         out[i] = torch.multinomial(probs, 1, generator=generators[i])[0]
-    return out.tolist()
+    return out

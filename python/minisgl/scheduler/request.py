@@ -6,27 +6,36 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.sampling_params import SamplingParams
-
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ABORT = "abort"
+from minisgl.scheduler.io import TokenLogprob
+from minisgl.scheduler.stop import StopChecker
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: two requests with equal fields are still two requests
 class Request:
-    rid: int
+    rid: str
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator | None = None
+    stop_checker: StopChecker | None = None
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
-    num_computed: int = 0  # tokens whose KV/state is in the pool
+    num_computed: int = 0  # tokens fed to the model: their KV/state is written (or queued on the device)
+    num_pending: int = 0  # tokens sampled on the device that the CPU has not seen yet (overlap loop)
+    pending_row: int = -1  # row of the newest pending token in the in-flight step's sampled tokens
     finish_reason: str | None = None
-    stop_text: str | None = None  # output text cut before a matched stop string
+    matched_stop: str | int | None = None
+    num_reported: int = 0  # output tokens already returned by step()
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # filled chunk by chunk during prefill
+    prompt_logprobs_sent: bool = False
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]  # the first prompt token has nothing before it to predict it
 
     @property
     def seq_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
 
     @property
     def prefill_done(self) -> bool:
@@ -36,6 +45,6 @@ class Request:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def token_at(self, pos: int) -> int:
-        n = len(self.prompt_ids)
-        return self.prompt_ids[pos] if pos < n else self.output_ids[pos - n]
+    @property
+    def num_sampled(self) -> int:
+        return len(self.output_ids) + self.num_pending

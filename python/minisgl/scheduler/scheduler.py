@@ -1,31 +1,96 @@
-"""Continuous batching: each step runs every decoding request plus prefill chunks within the
-prefill token budget, admitting waiting requests first-come first-served while the pool can
-reserve their pages and a state slot. A request that does not fit yet waits; one that can never
-fit is rejected before anything is allocated."""
+"""The colocated scheduler: continuous batching over one Engine (implements RequestScheduler).
+
+Each step runs every decoding request plus prefill chunks: each chunk at most
+chunked_prefill_size tokens, all of them at most max_prefill_tokens. Waiting requests are admitted
+first-come first-served while the pool can reserve their pages (for prompt + max_tokens) and a
+state slot; one that does not fit yet waits, one that can never fit is rejected by add_request.
+
+Overlap (CUDA only): step() launches step t+1 before it retires step t. Decode inputs of t+1 are
+the tokens t sampled, read on the device; the CPU sees them one step later, so finish detection
+(EOS, stop) lags by a step and the overshoot token is dropped. Length finishes never overshoot:
+a request that has sampled max_tokens is not scheduled again. Freeing a finished request's pages
+while step t+1 may still write them is safe: the device runs steps in stream order.
+"""
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from minisgl.engine.engine import Engine
-from minisgl.engine.sampler import sample
+from minisgl.engine.sampler import sample_tensor
+from minisgl.kvcache.pages import _num_pages
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.request import FINISH_LENGTH, FINISH_STOP, Request
+from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
+from minisgl.scheduler.io import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerateRequest,
+    RequestOutput,
+    SchedulerInfo,
+    SchedulerStats,
+    TokenLogprob,
+)
+from minisgl.scheduler.logprobs import LogprobTensors, compute_logprobs, to_entries
+from minisgl.scheduler.request import Request
+from minisgl.scheduler.stop import DecoderFactory, StopChecker
+
+
+@dataclass
+class _Step:
+    """A launched forward. Its host tensors may still be in flight until `done` fires."""
+
+    sampled: list[Request]  # requests that sampled a token, in row order
+    tokens: torch.Tensor  # [len(sampled)] on the device: the next step's decode inputs
+    host_tokens: torch.Tensor
+    lp_rows: list[int] = field(default_factory=list)  # rows of `sampled` that want logprobs
+    logprobs: LogprobTensors | None = None
+    prompt_lp: list[tuple[Request, list[int]]] = field(default_factory=list)  # request, target tokens
+    prompt_logprobs: LogprobTensors | None = None
+    scored: list[Request] = field(default_factory=list)  # max_tokens=0 requests whose prompt is done
+    done: torch.cuda.Event | None = None
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, detokenize: Callable[[list[int]], str] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        make_decoder: DecoderFactory | None = None,
+        args: SchedulerArgs = SchedulerArgs(),
+        overlap: bool | None = None,
+    ) -> None:
         self.engine = engine
         self.pool = engine.pool
         self.max_seq_len = engine.max_seq_len
-        self.prefill_budget = engine.args.chunked_prefill_size
+        self.chunk_size = engine.args.chunked_prefill_size
+        self.prefill_budget = args.max_prefill_tokens
+        self.overlap = overlap_enabled(engine.device) if overlap is None else overlap
         self.eos = frozenset(engine.config.eos_token_ids)
-        self.detokenize = detokenize
+        self.make_decoder = make_decoder
+        self.info = SchedulerInfo(
+            model_path=engine.model_path,
+            max_seq_len=self.max_seq_len,
+            vocab_size=engine.config.vocab_size,
+            page_size=self.pool.page_size,
+            total_pages=self.pool.total_pages,
+            max_running_requests=self.pool.max_running,
+            device=str(engine.device),
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self._next_rid = 0
+        self._reqs: dict[str, Request] = {}
+        self._outbox: list[RequestOutput] = []  # aborts, reported at the next step
+        self._inflight: _Step | None = None
+        self._integrity_checks = 0
         self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.args.seed)
 
     # -- admission ------------------------------------------------------------------------------
@@ -41,92 +106,230 @@ class Scheduler:
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        if params.stop and self.detokenize is None:
+        if params.stop and self.make_decoder is None:
             raise ValueError("stop strings need a tokenizer")
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
-        self.validate(prompt_ids, params)
+    def add_request(self, req: GenerateRequest) -> None:
+        prompt = list(req.prompt_ids)
+        self.validate(prompt, req.params)
+        if req.rid in self._reqs:
+            raise ValueError(f"request id {req.rid!r} is already in use")
+        p = req.params
         generator = None
-        if not params.greedy:
+        if not p.greedy:
             generator = self._default_generator
-            if params.seed is not None:
-                generator = torch.Generator(device=self.engine.device).manual_seed(params.seed)
-        req = Request(self._next_rid, list(prompt_ids), params, generator)
-        self._next_rid += 1
-        self.waiting.append(req)
-        return req
+            if p.seed is not None:
+                generator = torch.Generator(device=self.engine.device).manual_seed(p.seed)
+        checker = StopChecker(p.stop, self.make_decoder(p.skip_special_tokens)) if p.stop else None
+        r = Request(req.rid, prompt, p, generator, checker)
+        self._reqs[r.rid] = r
+        self.waiting.append(r)
 
-    def _reserve_tokens(self, req: Request) -> int:
-        return min(len(req.prompt_ids) + req.params.max_tokens, self.max_seq_len)
+    def abort(self, rid: str) -> None:
+        r = self._reqs.get(rid)
+        if r is None:
+            return
+        r.finish_reason = FINISH_ABORT
+        if r.slot is None:
+            self.waiting.remove(r)
+            self._reqs.pop(rid)
+        else:
+            self._release(r)
+        self._outbox.append(self._output(r))
+
+    def _reserve_tokens(self, r: Request) -> int:
+        return min(len(r.prompt_ids) + r.params.max_tokens, self.max_seq_len)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._outbox or self._inflight)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            used_pages=self.pool.total_pages - self.pool.free_pages,
+            total_pages=self.pool.total_pages,
+            used_slots=self.pool.used_slots,
+            total_slots=self.pool.max_running,
+            integrity_checks=self._integrity_checks,
+        )
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        tracked = set(map(id, self.waiting)) | set(map(id, self.running))
+        if tracked != set(map(id, self._reqs.values())) or any(r.slot is None for r in self.running):
+            raise AssertionError("scheduler lost track of a request: waiting + running != live requests")
+        self._integrity_checks += 1
 
     # -- one step -------------------------------------------------------------------------------
-    def _schedule(self) -> list[tuple[Request, list[int]]]:
-        items = [(r, [r.output_ids[-1]]) for r in self.running if r.prefill_done]
+    def step(self) -> list[RequestOutput]:
+        """Launch the next forward and retire the previous one (or this one, without overlap)."""
+        outputs, self._outbox = self._outbox, []
+        launched = self._launch()
+        if self.overlap:
+            retiring, self._inflight = self._inflight, launched
+        else:
+            retiring = launched
+        if retiring is not None:
+            outputs += self._retire(retiring)
+        if launched is None and retiring is None and not outputs and self.waiting:
+            raise RuntimeError("scheduler stalled: nothing running and the first waiting request does not fit")
+        return outputs
+
+    def _decodable(self, r: Request) -> bool:
+        """Prefilled, its newest token not yet fed, and not already at a length limit."""
+        return (
+            r.prefill_done
+            and not r.finished
+            and r.num_computed == r.seq_len - 1
+            and r.num_sampled < r.params.max_tokens
+            and r.seq_len < self.max_seq_len
+        )
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """(request, tokens to feed) for this step: decodes first, then prefill chunks."""
+        items = [(r, 1) for r in self.running if self._decodable(r)]
         budget = self.prefill_budget
         for r in self.running:
             if not r.prefill_done and budget > 0:
-                items.append(self._chunk(r, budget))
-                budget -= len(items[-1][1])
+                items.append((r, self._chunk_len(r, budget)))
+                budget -= items[-1][1]
         while self.waiting and budget > 0 and self.pool.can_allocate(self._reserve_tokens(self.waiting[0])):
             r = self.waiting.popleft()
             r.slot = self.pool.allocate(self._reserve_tokens(r))
             self.running.append(r)
-            items.append(self._chunk(r, budget))
-            budget -= len(items[-1][1])
+            items.append((r, self._chunk_len(r, budget)))
+            budget -= items[-1][1]
         return items
 
-    @staticmethod
-    def _chunk(r: Request, budget: int) -> tuple[Request, list[int]]:
-        n = min(len(r.prompt_ids) - r.num_computed, budget)
-        return r, r.prompt_ids[r.num_computed : r.num_computed + n]
+    def _chunk_len(self, r: Request, budget: int) -> int:
+        return min(len(r.prompt_ids) - r.num_computed, self.chunk_size, budget)
 
-    def step(self) -> list[Request]:
-        """Runs one forward over the scheduled batch; returns the requests that finished."""
+    def _input_tokens(self, r: Request, n: int) -> list[int]:
+        if r.num_computed < len(r.prompt_ids):
+            return r.prompt_ids[r.num_computed : r.num_computed + n]
+        return [0] if r.num_pending else [r.output_ids[-1]]  # 0: patched from the device below
+
+    def _launch(self) -> _Step | None:
         items = self._schedule()
         if not items:
-            if self.waiting:
-                raise RuntimeError("scheduler stalled: nothing running and the first waiting request does not fit")
-            return []
-        for r, toks in items:
-            self.pool.ensure_tokens(r.slot, r.num_computed + len(toks))
-        batch = self.engine.make_batch([t for _, t in items], [r.num_computed for r, _ in items], [r.slot for r, _ in items])
-        logits = self.engine.forward_batch(batch)
-        rows: list[int] = []
-        for i, (r, toks) in enumerate(items):
-            r.num_computed += len(toks)
-            if r.num_computed == r.seq_len:  # caught up: this step's last logits predict a new token
-                rows.append(i)
-        reqs = [items[i][0] for i in rows]
-        tokens = sample(logits[rows], [r.params for r in reqs], [r.generator for r in reqs])
-        finished = []
-        for r, tok in zip(reqs, tokens):
+            return None
+        tokens = [self._input_tokens(r, n) for r, n in items]
+        for r, n in items:
+            self.pool.ensure_tokens(r.slot, r.num_computed + n)
+        batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items])
+        pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
+        if pending:
+            dst, src = zip(*pending)
+            batch.input_ids[batch.logit_idx[list(dst)]] = self._inflight.tokens[list(src)]
+        want_prompt_lp = [
+            (i, r) for i, (r, _) in enumerate(items) if r.prompt_logprobs is not None and not r.prefill_done
+        ]
+        logits = self.engine.forward_batch(batch, all_logits=bool(want_prompt_lp))
+        step_prompt_lp: list[tuple[Request, list[int]]] = []
+        prompt_rows: list[int] = []
+        if want_prompt_lp:
+            cu = batch.cu_seqlens.tolist()
+            for i, r in want_prompt_lp:
+                start = r.num_computed
+                targets = r.prompt_ids[start + 1 : start + 1 + len(tokens[i])]  # what each row predicts
+                step_prompt_lp.append((r, targets))
+                prompt_rows.extend(range(cu[i], cu[i] + len(targets)))
+            prompt_logits = logits[prompt_rows]
+            logits = logits[batch.logit_idx]
+        for r, n in items:
+            r.num_computed += n
+        sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
+        sampled = [items[i][0] for i in sample_rows]
+        scored = [r for r, _ in items if r.prefill_done and r.params.max_tokens == 0]
+        sampled_tokens = sample_tensor(
+            logits[sample_rows], [r.params for r in sampled], [r.generator for r in sampled]
+        )
+        for row, r in enumerate(sampled):
+            r.num_pending += 1
+            r.pending_row = row
+        step = _Step(sampled, sampled_tokens, _to_host(sampled_tokens), scored=scored)
+        step.lp_rows = [row for row, r in enumerate(sampled) if r.params.logprobs is not None]
+        if step.lp_rows:
+            k = max(sampled[row].params.logprobs for row in step.lp_rows)
+            lp = compute_logprobs(logits[sample_rows][step.lp_rows], sampled_tokens[step.lp_rows], k)
+            step.logprobs = lp.map(_to_host)
+        if step_prompt_lp:
+            k = max(r.params.prompt_logprobs for r, _ in step_prompt_lp)
+            targets = torch.tensor([t for _, ts in step_prompt_lp for t in ts], device=logits.device)
+            step.prompt_lp = step_prompt_lp
+            step.prompt_logprobs = compute_logprobs(prompt_logits, targets, k).map(_to_host)
+        if logits.device.type == "cuda":
+            step.done = torch.cuda.Event()
+            step.done.record()
+        return step
+
+    def _retire(self, step: _Step) -> list[RequestOutput]:
+        if step.done is not None:
+            step.done.synchronize()
+        touched: dict[int, Request] = {}
+        if step.prompt_logprobs is not None:
+            targets = [t for _, ts in step.prompt_lp for t in ts]
+            ks = [r.params.prompt_logprobs for r, ts in step.prompt_lp for _ in ts]
+            entries = iter(to_entries(step.prompt_logprobs, targets, ks))
+            for r, ts in step.prompt_lp:
+                r.prompt_logprobs.extend(next(entries) for _ in ts)
+        for r in step.scored:
+            if not r.finished:
+                r.finish_reason = FINISH_LENGTH
+                touched[id(r)] = r
+        tokens = step.host_tokens.tolist()
+        lp_entries: dict[int, TokenLogprob] = {}
+        if step.logprobs is not None:
+            rows = step.lp_rows
+            ks = [step.sampled[row].params.logprobs for row in rows]
+            lp_entries = dict(zip(rows, to_entries(step.logprobs, [tokens[row] for row in rows], ks)))
+        for row, (r, tok) in enumerate(zip(step.sampled, tokens)):
+            r.num_pending -= 1
+            if r.finished:  # aborted, or the overshoot of a finish the previous step found
+                continue
             r.output_ids.append(tok)
+            if row in lp_entries:
+                r.new_logprobs.append(lp_entries[row])
             self._check_finish(r, tok)
+            touched[id(r)] = r
+        outputs = []
+        for r in touched.values():
+            outputs.append(self._output(r))
             if r.finished:
-                finished.append(r)
-        for r in finished:
-            self.release(r)
-        return finished
+                self._release(r)
+        return outputs
 
     def _check_finish(self, r: Request, tok: int) -> None:
         p = r.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
-            r.finish_reason = FINISH_STOP
-        elif p.stop:
-            text = self.detokenize(r.output_ids)
-            hits = [i for i in (text.find(s) for s in p.stop) if i >= 0]
-            if hits:
-                r.finish_reason, r.stop_text = FINISH_STOP, text[: min(hits)]
-        if r.finish_reason is None and (len(r.output_ids) >= p.max_tokens or r.seq_len >= self.max_seq_len):
+            r.finish_reason, r.matched_stop = FINISH_STOP, tok
+        elif r.stop_checker is not None and (hit := r.stop_checker.push(tok)) is not None:
+            r.finish_reason, r.matched_stop = FINISH_STOP, hit
+        elif len(r.output_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.output_ids) >= self.max_seq_len:
             r.finish_reason = FINISH_LENGTH
 
-    def release(self, r: Request) -> None:
-        if r in self.running:
-            self.running.remove(r)
-        if r.slot is not None:
-            self.pool.free(r.slot)
-            r.slot = None
+    def _output(self, r: Request) -> RequestOutput:
+        prompt_lp = None
+        if r.prompt_logprobs is not None and not r.prompt_logprobs_sent and r.prefill_done:
+            prompt_lp, r.prompt_logprobs_sent = tuple(r.prompt_logprobs), True
+        out = RequestOutput(
+            rid=r.rid,
+            new_token_ids=tuple(r.output_ids[r.num_reported :]),
+            logprobs=tuple(r.new_logprobs),
+            prompt_logprobs=prompt_lp,
+            finish_reason=r.finish_reason,
+            matched_stop=r.matched_stop,
+            num_prompt_tokens=len(r.prompt_ids),
+            num_output_tokens=len(r.output_ids),
+        )
+        r.num_reported = len(r.output_ids)
+        r.new_logprobs.clear()
+        return out
+
+    def _release(self, r: Request) -> None:
+        self.running.remove(r)
+        self._reqs.pop(r.rid, None)
+        self.pool.free(r.slot)
+        r.slot = None

@@ -1,0 +1,24 @@
+"""Scheduler flags that are not engine flags (SGLang's names)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+# Set to 1 to run every step synchronously even where the device is asynchronous.
+DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
+
+
+@dataclass(frozen=True)
+class SchedulerArgs:
+    max_prefill_tokens: int = 16384  # prefill tokens per step, over all requests (each chunk <= chunked_prefill_size)
+
+    def __post_init__(self) -> None:
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+
+
+def overlap_enabled(device: torch.device) -> bool:
+    """Overlap only pays where kernels launch asynchronously; on the CPU a step is synchronous anyway."""
+    return device.type == "cuda" and os.environ.get(DISABLE_OVERLAP_ENV, "0") in ("", "0")

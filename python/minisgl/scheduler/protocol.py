@@ -1,0 +1,44 @@
+"""The interface the engine process and the offline LLM drive, so that the colocated Scheduler and
+the AFD coordinator are interchangeable behind the same server.
+
+A driver loop looks like:
+
+    sched.validate(ids, params)    # raises ValueError (with a message) if it could never run
+    sched.add_request(req)         # validates too; queues without allocating
+    sched.abort(rid)               # frees its pages and slot now; its final output says "abort"
+    while sched.has_work:
+        for out in sched.step():   # one forward (or none, if only aborts/rejects are pending)
+            ...                    # RequestOutput: new tokens, logprobs, finish reason
+    sched.check_integrity()        # when idle: every page and slot is accounted for
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+
+
+class RequestScheduler(Protocol):
+    info: SchedulerInfo
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (with a message) if this request could never run."""
+
+    def add_request(self, req: GenerateRequest) -> None:
+        """Queue req, or raise ValueError without allocating anything if it can never run."""
+
+    def abort(self, rid: str) -> None:
+        """Drop rid wherever it is, freeing its resources at once; unknown rids are ignored."""
+
+    def step(self) -> list[RequestOutput]:
+        """Advance every running request by one step; return what changed."""
+
+    @property
+    def has_work(self) -> bool:
+        """True while step() has anything to do or report."""
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if the pools lost or double-counted a page or slot."""
+
+    def stats(self) -> SchedulerStats: ...
