@@ -82,7 +82,7 @@ def test_integrity_check_catches_a_leak() -> None:
     pool = HybridPool(LAYOUT, PoolConfig(max_running_requests=2, max_seq_len=32, page_size=8), torch.float32, "cpu")
     s = pool.allocate(16)
     pool.ensure_tokens(s, 16)
-    pool._pages[s].pop()  # a page lost from the books
+    pool.allocator._pages[s].pop()  # a page lost from the books
     with pytest.raises(AssertionError, match="page pool corrupt"):
         pool.check_integrity()
 

@@ -223,10 +223,10 @@ def test_integrity_check_catches_a_leak(engine: Engine) -> None:
     s = _sched(engine)
     slot = engine.pool.allocate(8)  # held by nobody the scheduler knows
     try:
-        engine.pool._free_slots.append(slot)  # and double-counted as free
+        engine.pool.allocator._free_slots.append(slot)  # and double-counted as free
         with pytest.raises(AssertionError, match="slot pool corrupt"):
             s.check_integrity()
     finally:
-        engine.pool._free_slots.pop()
+        engine.pool.allocator._free_slots.pop()
         engine.pool.free(slot)
     s.check_integrity()

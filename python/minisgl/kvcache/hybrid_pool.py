@@ -1,9 +1,7 @@
-"""One allocator over the paged KV pool and the state pool.
+"""The hybrid pool: paged KV for the full-attention layers and state slots for the GDN layers.
 
-A running request holds one request slot s ∈ [1, max_running]: state slot s in the StatePool and
-page-table row s - 1. It holds _num_pages(len, page_size) pages, grown as it decodes, within a page
-budget reserved at admission, so a running request can never run out of pages mid-decode.
-Slot 0 and the last table row (pointing at page 0) are dummies that padded batch entries use.
+Request slot s ∈ [1, max_running] owns state slot s and page-table row s - 1. Slot 0 and the last
+table row (pointing at page 0) are dummies that padded batch entries use.
 """
 from __future__ import annotations
 
@@ -11,16 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT, PoolAllocator, PoolExhausted
 from minisgl.kvcache.kv_pool import KVPool
 from minisgl.kvcache.pages import _num_pages
 from minisgl.kvcache.state_pool import StatePool
 
-DUMMY_PAGE = 0
-DUMMY_SLOT = 0
-
-
-class PoolExhausted(RuntimeError):
-    """Raised when an allocation is asked for that the free pool cannot cover."""
+__all__ = ["DUMMY_PAGE", "DUMMY_SLOT", "HybridPool", "PoolConfig", "PoolExhausted", "PoolLayout"]
 
 
 @dataclass(frozen=True)
@@ -69,10 +63,17 @@ class PoolConfig:
 
 
 class HybridPool:
+    """The device storage (KV pages, state slots, page table) with a PoolAllocator's bookkeeping.
+
+    On an AFD attention worker the bookkeeping lives in the coordinator instead; the worker applies
+    the plan's assignments with `assign_pages`, `reset_slot` and `clear_slot`.
+    """
+
     def __init__(self, layout: PoolLayout, cfg: PoolConfig, dtype: torch.dtype, device: torch.device | str) -> None:
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.max_running = cfg.max_running_requests
+        self.allocator = PoolAllocator(self.max_running, cfg.usable_pages, cfg.page_size, cfg.max_seq_len)
         total_pages = cfg.usable_pages + 1  # + the dummy page 0
         self.kv: KVPool | None = None
         if layout.full_layers:
@@ -97,95 +98,65 @@ class HybridPool:
             (self.max_running + 1, cfg.pages_per_request), DUMMY_PAGE, dtype=torch.int32, device=device
         )
         self.dummy_row = self.max_running
-        # Pop from the end: low ids first keeps allocation deterministic across runs.
-        self._free_pages = list(range(total_pages - 1, DUMMY_PAGE, -1))
-        self._free_slots = list(range(self.max_running, DUMMY_SLOT, -1))
-        self._pages: dict[int, list[int]] = {}
-        self._reserved: dict[int, int] = {}
 
-    # -- queries --------------------------------------------------------------------------------
     @property
     def total_pages(self) -> int:
-        return self.cfg.usable_pages
+        return self.allocator.total_pages
 
     @property
     def free_slots(self) -> int:
-        return len(self._free_slots)
+        return self.allocator.free_slots
 
     @property
     def used_slots(self) -> int:
-        return len(self._pages)
+        return self.allocator.used_slots
 
     @property
     def free_pages(self) -> int:
-        return len(self._free_pages)
+        return self.allocator.free_pages
 
     @property
     def available_pages(self) -> int:
-        """Free pages not already promised to running requests."""
-        outstanding = sum(self._reserved[s] - len(p) for s, p in self._pages.items())
-        return len(self._free_pages) - outstanding
+        return self.allocator.available_pages
 
     @staticmethod
     def row(slot: int) -> int:
         return slot - 1
 
-    def can_allocate(self, reserve_tokens: int) -> bool:
-        return bool(self._free_slots) and _num_pages(reserve_tokens, self.page_size) <= self.available_pages
+    # -- applying assignments to the device tables ---------------------------------------------
+    def assign_pages(self, slot: int, start: int, pages: list[int]) -> None:
+        if pages:
+            self.page_table[self.row(slot), start : start + len(pages)] = torch.tensor(pages, dtype=torch.int32)
 
-    # -- allocation -----------------------------------------------------------------------------
-    def allocate(self, reserve_tokens: int) -> int:
-        """Take a slot with zeroed state and reserve pages for up to `reserve_tokens` tokens."""
-        if reserve_tokens > self.cfg.max_seq_len:
-            raise PoolExhausted(f"a request of {reserve_tokens} tokens exceeds max_seq_len={self.cfg.max_seq_len}")
-        if not self._free_slots:
-            raise PoolExhausted(f"no free request slot (all {self.max_running} in use)")
-        need = _num_pages(reserve_tokens, self.page_size)
-        if need > self.available_pages:
-            raise PoolExhausted(f"{need} pages needed, {self.available_pages} available")
-        slot = self._free_slots.pop()
-        self._pages[slot] = []
-        self._reserved[slot] = need
+    def reset_slot(self, slot: int) -> None:
         if self.state is not None:
             self.state.reset(slot)
+
+    def clear_slot(self, slot: int) -> None:
+        self.page_table[self.row(slot)].fill_(DUMMY_PAGE)
+
+    # -- allocation (colocated) -----------------------------------------------------------------
+    def can_allocate(self, reserve_tokens: int) -> bool:
+        return self.allocator.can_allocate(reserve_tokens)
+
+    def allocate(self, reserve_tokens: int) -> int:
+        """Take a slot with zeroed state and reserve pages for up to `reserve_tokens` tokens."""
+        slot = self.allocator.allocate(reserve_tokens)
+        self.reset_slot(slot)
         return slot
 
     def ensure_tokens(self, slot: int, tokens: int) -> None:
         """Grow the slot's pages so that `tokens` tokens fit, within its reservation."""
-        pages = self._pages[slot]
-        need = _num_pages(tokens, self.page_size)
-        if need > self._reserved[slot]:
-            raise PoolExhausted(
-                f"slot {slot} needs {need} pages for {tokens} tokens but reserved {self._reserved[slot]}"
-            )
-        if need <= len(pages):
-            return
-        new = [self._free_pages.pop() for _ in range(need - len(pages))]
-        start = len(pages)
-        pages.extend(new)
-        self.page_table[self.row(slot), start:need] = torch.tensor(new, dtype=torch.int32)
+        self.assign_pages(slot, *self.allocator.ensure_tokens(slot, tokens))
 
     def free(self, slot: int) -> None:
-        pages = self._pages.pop(slot)
-        del self._reserved[slot]
-        self._free_pages.extend(reversed(pages))
-        self.page_table[self.row(slot)].fill_(DUMMY_PAGE)
-        self._free_slots.append(slot)
+        self.allocator.free(slot)
+        self.clear_slot(slot)
 
     def check_integrity(self) -> None:
-        """free + used == total, for pages and for slots, with no page or slot held twice."""
-        held = [p for pages in self._pages.values() for p in pages]
-        all_pages = held + self._free_pages
-        if len(all_pages) != self.total_pages or set(all_pages) != set(range(1, self.total_pages + 1)):
-            raise AssertionError(
-                f"page pool corrupt: {len(self._free_pages)} free + {len(held)} held != {self.total_pages} total "
-                f"(or duplicates)"
-            )
-        slots = list(self._pages) + self._free_slots
-        if len(slots) != self.max_running or set(slots) != set(range(1, self.max_running + 1)):
-            raise AssertionError(
-                f"slot pool corrupt: {len(self._free_slots)} free + {len(self._pages)} used != {self.max_running}"
-            )
-        for slot in self._free_slots:
-            if bool((self.page_table[self.row(slot)] != DUMMY_PAGE).any()):
+        """free + used == total for pages and slots, and no free slot keeps pages in its table row."""
+        self.allocator.check_integrity()
+        used = set(self.allocator._pages)
+        for slot in range(1, self.max_running + 1):
+            if slot not in used and bool((self.page_table[self.row(slot)] != DUMMY_PAGE).any()):
                 raise AssertionError(f"free slot {slot} still has pages in its table row")

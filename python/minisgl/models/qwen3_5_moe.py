@@ -55,10 +55,15 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.mlp = mlp
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def mixer_half(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything before the MoE block: returns (residual h, the MoE block's input)."""
         mixer = self.self_attn if self.is_full else self.linear_attn
         h = x + mixer(self.input_layernorm(x), ctx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h, self.post_attention_layernorm(h)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        h, y = self.mixer_half(x, ctx)
+        return h + self.mlp(y)
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):
@@ -74,15 +79,21 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
 
-    def forward(self, batch: ForwardBatch, pool: HybridPool, all_logits: bool = False) -> torch.Tensor:
-        """Returns fp32 logits of each request's last token [B, V], or of every token [T, V]."""
+    def embed(self, batch: ForwardBatch, pool: HybridPool) -> tuple[torch.Tensor, ForwardContext]:
         x = self.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
-        ctx = ForwardContext(batch, pool, cos, sin)
-        for layer in self.layers:
-            x = layer(x, ctx)
+        return x, ForwardContext(batch, pool, cos, sin)
+
+    def logits(self, x: torch.Tensor, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
+        """fp32 logits of each request's last token [B, V], or of every token [T, V]."""
         if not all_logits:
             x = x[batch.logit_idx]
         x = self.norm(x)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(x, head).float()
+
+    def forward(self, batch: ForwardBatch, pool: HybridPool, all_logits: bool = False) -> torch.Tensor:
+        x, ctx = self.embed(batch, pool)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return self.logits(x, batch, all_logits)
