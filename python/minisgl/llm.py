@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import Engine
+from minisgl.engine.engine import Engine, with_model_path
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
-from minisgl.scheduler.scheduler import Scheduler
+from minisgl.scheduler.factory import build_scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -25,13 +26,30 @@ class GenerationResult:
 
 
 class LLM:
-    def __init__(self, model_path: str | None = None, **engine_args: object) -> None:
-        self.engine = Engine(EngineArgs(model_path=model_path, **engine_args))
-        self.tokenizer = load_tokenizer(self.engine.model_path)
-        self.scheduler: RequestScheduler = Scheduler(
-            self.engine, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
+    """`afd=AfdArgs(...)` runs the model disaggregated over worker processes; call close() (or use
+    the LLM as a context manager) to stop them."""
+
+    def __init__(self, model_path: str | None = None, afd: AfdArgs | None = None, **engine_args: object) -> None:
+        args = with_model_path(EngineArgs(model_path=model_path, **engine_args))
+        # The scheduler first: it reports a bad path or config before the tokenizer could.
+        self.scheduler: RequestScheduler = build_scheduler(
+            args, afd, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
         )
+        self.tokenizer = load_tokenizer(args.model_path)
+        # The colocated engine, for callers that inspect the pool or the model; None under AFD.
+        self.engine: Engine | None = getattr(self.scheduler, "engine", None)
         self._next_rid = 0
+
+    def close(self) -> None:
+        close = getattr(self.scheduler, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generate(
         self,
@@ -59,6 +77,9 @@ class LLM:
         while self.scheduler.has_work:
             for out in self.scheduler.step():
                 outputs[out.rid].append(out)
+        errors = [o.error for outs in outputs.values() for o in outs if o.error]
+        if errors:
+            raise RuntimeError(errors[0])
         self.scheduler.check_integrity()
         return [self._result(toks, p, outputs[rid]) for rid, toks, p in zip(rids, ids, params)]
 

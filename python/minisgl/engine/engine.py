@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from typing import Callable
 
 import torch
+from torch import nn
 
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.engine.args import EngineArgs
@@ -42,37 +44,69 @@ def pool_layout(config: ModelConfig) -> PoolLayout:
     )
 
 
+def with_model_path(args: EngineArgs) -> EngineArgs:
+    """Without --model-path, the embedded tiny model (built on first use)."""
+    return args if args.model_path is not None else replace(args, model_path=default_model_path())
+
+
+def model_dtype(args: EngineArgs, config: ModelConfig) -> torch.dtype:
+    return getattr(torch, config.dtype if args.dtype == "auto" else args.dtype)
+
+
+def max_seq_len(args: EngineArgs, config: ModelConfig) -> int:
+    return args.context_length or config.max_position_embeddings
+
+
+def pool_config(args: EngineArgs, config: ModelConfig) -> PoolConfig:
+    """One lane's pool; the AFD coordinator derives the same config to mirror a worker's allocator."""
+    return PoolConfig(
+        max_running_requests=args.max_running_requests,
+        max_seq_len=max_seq_len(args, config),
+        page_size=args.page_size,
+        num_pages=args.num_pages,
+        ssm_dtype=args.mamba_ssm_dtype or config.mamba_ssm_dtype,
+    )
+
+
+def build_backends(args: EngineArgs) -> Backends:
+    return Backends(
+        attention=ATTENTION_BACKENDS.get(args.attention_backend)(),
+        gdn=GDN_BACKENDS.get(args.gdn_backend)(),
+        moe=MOE_BACKENDS.get(args.moe_backend)(),
+    )
+
+
+def build_module(make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """Create a module's (uninitialised) params directly in `dtype` on `device`, with no copy."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return make()
+    finally:
+        torch.set_default_dtype(prev)
+
+
 class Engine:
-    def __init__(self, args: EngineArgs, weight_filter: WeightFilter | None = None) -> None:
-        if args.model_path is None:
-            args = replace(args, model_path=default_model_path())
-        self.args = args
+    def __init__(
+        self,
+        args: EngineArgs,
+        weight_filter: WeightFilter | None = None,
+        mlp_factory: Callable[[int], nn.Module] | None = None,
+    ) -> None:
+        """mlp_factory(layer_id) replaces the local MoE blocks (an AFD attention worker's remote ones)."""
+        self.args = args = with_model_path(args)
         self.model_path: str = args.model_path
         self.config = load_config(self.model_path)
         self.device = resolve_device(args.device)
-        self.dtype = getattr(torch, self.config.dtype if args.dtype == "auto" else args.dtype)
-        self.max_seq_len = args.context_length or self.config.max_position_embeddings
-        backends = Backends(
-            attention=ATTENTION_BACKENDS.get(args.attention_backend)(),
-            gdn=GDN_BACKENDS.get(args.gdn_backend)(),
-            moe=MOE_BACKENDS.get(args.moe_backend)(),
-        )
-        prev_dtype = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-        try:
-            with torch.device(self.device):
-                self.model = MODELS.get(self.config.arch)(self.config, backends)
-        finally:
-            torch.set_default_dtype(prev_dtype)
+        self.dtype = model_dtype(args, self.config)
+        self.max_seq_len = max_seq_len(args, self.config)
+        backends = build_backends(args)
+        arch = MODELS.get(self.config.arch)
+        self.model = build_module(lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device)
         load_weights(self.model, self.model_path, self.config, weight_filter)
         self.model.eval()
-        pool_cfg = PoolConfig(
-            max_running_requests=args.max_running_requests,
-            max_seq_len=self.max_seq_len,
-            page_size=args.page_size,
-            num_pages=args.num_pages,
-            ssm_dtype=args.mamba_ssm_dtype or self.config.mamba_ssm_dtype,
-        )
+        pool_cfg = pool_config(args, self.config)
         self.pool = HybridPool(pool_layout(self.config), pool_cfg, self.dtype, self.device)
         kv_mb = (self.pool.kv.nbytes if self.pool.kv else 0) / 2**20
         state_mb = (self.pool.state.nbytes if self.pool.state else 0) / 2**20

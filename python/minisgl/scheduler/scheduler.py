@@ -26,7 +26,6 @@ from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.io import (
     FINISH_ABORT,
     FINISH_LENGTH,
-    FINISH_STOP,
     GenerateRequest,
     RequestOutput,
     SchedulerInfo,
@@ -35,6 +34,7 @@ from minisgl.scheduler.io import (
 )
 from minisgl.scheduler.logprobs import LogprobTensors, compute_logprobs, to_entries
 from minisgl.scheduler.request import Request
+from minisgl.scheduler.rules import check_finish, decodable, take_output, validate_request
 from minisgl.scheduler.stop import DecoderFactory, StopChecker
 
 
@@ -95,19 +95,9 @@ class Scheduler:
 
     # -- admission ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        if len(prompt_ids) >= self.max_seq_len:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens; max_seq_len is {self.max_seq_len}, "
-                f"so at most {self.max_seq_len - 1} prompt tokens leave room to generate"
-            )
-        vocab = self.engine.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        if params.stop and self.make_decoder is None:
-            raise ValueError("stop strings need a tokenizer")
+        validate_request(
+            prompt_ids, params, self.max_seq_len, self.engine.config.vocab_size, self.make_decoder is not None
+        )
 
     def add_request(self, req: GenerateRequest) -> None:
         prompt = list(req.prompt_ids)
@@ -135,7 +125,7 @@ class Scheduler:
             self._reqs.pop(rid)
         else:
             self._release(r)
-        self._outbox.append(self._output(r))
+        self._outbox.append(take_output(r))
 
     def _reserve_tokens(self, r: Request) -> int:
         return min(len(r.prompt_ids) + r.params.max_tokens, self.max_seq_len)
@@ -177,19 +167,9 @@ class Scheduler:
             raise RuntimeError("scheduler stalled: nothing running and the first waiting request does not fit")
         return outputs
 
-    def _decodable(self, r: Request) -> bool:
-        """Prefilled, its newest token not yet fed, and not already at a length limit."""
-        return (
-            r.prefill_done
-            and not r.finished
-            and r.num_computed == r.seq_len - 1
-            and r.num_sampled < r.params.max_tokens
-            and r.seq_len < self.max_seq_len
-        )
-
     def _schedule(self) -> list[tuple[Request, int]]:
         """(request, tokens to feed) for this step: decodes first, then prefill chunks."""
-        items = [(r, 1) for r in self.running if self._decodable(r)]
+        items = [(r, 1) for r in self.running if decodable(r, self.max_seq_len)]
         budget = self.prefill_budget
         for r in self.running:
             if not r.prefill_done and budget > 0:
@@ -292,41 +272,14 @@ class Scheduler:
             r.output_ids.append(tok)
             if row in lp_entries:
                 r.new_logprobs.append(lp_entries[row])
-            self._check_finish(r, tok)
+            check_finish(r, tok, self.eos, self.max_seq_len)
             touched[id(r)] = r
         outputs = []
         for r in touched.values():
-            outputs.append(self._output(r))
+            outputs.append(take_output(r))
             if r.finished:
                 self._release(r)
         return outputs
-
-    def _check_finish(self, r: Request, tok: int) -> None:
-        p = r.params
-        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos):
-            r.finish_reason, r.matched_stop = FINISH_STOP, tok
-        elif r.stop_checker is not None and (hit := r.stop_checker.push(tok)) is not None:
-            r.finish_reason, r.matched_stop = FINISH_STOP, hit
-        elif len(r.output_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.output_ids) >= self.max_seq_len:
-            r.finish_reason = FINISH_LENGTH
-
-    def _output(self, r: Request) -> RequestOutput:
-        prompt_lp = None
-        if r.prompt_logprobs is not None and not r.prompt_logprobs_sent and r.prefill_done:
-            prompt_lp, r.prompt_logprobs_sent = tuple(r.prompt_logprobs), True
-        out = RequestOutput(
-            rid=r.rid,
-            new_token_ids=tuple(r.output_ids[r.num_reported :]),
-            logprobs=tuple(r.new_logprobs),
-            prompt_logprobs=prompt_lp,
-            finish_reason=r.finish_reason,
-            matched_stop=r.matched_stop,
-            num_prompt_tokens=len(r.prompt_ids),
-            num_output_tokens=len(r.output_ids),
-        )
-        r.num_reported = len(r.output_ids)
-        r.new_logprobs.clear()
-        return out
 
     def _release(self, r: Request) -> None:
         self.running.remove(r)

@@ -13,7 +13,8 @@ import re
 import shutil
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -212,13 +213,25 @@ def _write_json(path: str, obj: dict) -> None:
 
 
 def make_tiny_model(
-    out_dir: str, arch: str = "qwen3_5_moe", fp8: bool = False, seed: int = 0, num_layers: int | None = None
+    out_dir: str,
+    arch: str = "qwen3_5_moe",
+    fp8: bool = False,
+    seed: int = 0,
+    num_layers: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> str:
-    """Write a tiny random checkpoint (config, sharded safetensors, tokenizer) to out_dir; return out_dir."""
+    """Write a tiny random checkpoint (config, sharded safetensors, tokenizer) to out_dir; return out_dir.
+
+    `overrides` replaces text-config fields (say, a larger moe_intermediate_size for benchmarks)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
     layers = _DEFAULT_LAYERS[arch] if num_layers is None else num_layers
     config = cfgs.qwen35_moe_config(layers) if arch == "qwen3_5_moe" else cfgs.qwen3_moe_config(layers)
+    text = config.get("text_config", config)
+    unknown = set(overrides or ()) - set(text)
+    if unknown:
+        raise ValueError(f"unknown text-config fields to override: {sorted(unknown)}")
+    text.update(overrides or {})
     tensors, keep_bf16 = _to_disk(_tensors(arch, config, seed, fp8), fp8)
     if fp8:
         config["quantization_config"] = cfgs.fp8_quantization_config(keep_bf16)

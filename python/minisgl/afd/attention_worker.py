@@ -1,0 +1,138 @@
+"""An attention worker: one data-parallel lane. It owns its requests' KV pages and state slots,
+embeddings, attention/GDN, norms, router, shared expert, lm_head and sampling; the routed experts
+are reached through RemoteMoE. The model is the same definition a colocated engine runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from minisgl.afd.expert_plan import ExpertPlan
+from minisgl.afd.protocol import AgPlan, ReqStep, Reply
+from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
+from minisgl.afd.transport import Transport
+from minisgl.afd.worker import WorkerSpec
+from minisgl.engine.engine import Engine, model_dtype, with_model_path
+from minisgl.engine.sampler import sample_tensor
+from minisgl.forward_batch import ForwardBatch
+from minisgl.models.config import load_config
+from minisgl.models.weights import WeightFilter
+from minisgl.sampling_params import SamplingParams
+
+
+@dataclass
+class Launched:
+    step: int
+    rids: list[str]
+    tokens: torch.Tensor  # sampled on the device
+    done: torch.cuda.Event | None
+
+
+class AttentionWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.name = spec.name
+        args = replace(with_model_path(spec.engine_args), device=spec.device)
+        config = load_config(args.model_path)
+        ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
+        device = torch.device(spec.device)
+        self.transport = Transport(
+            spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
+            config.top_k, model_dtype(args, config), spec.afd_args.dispatch_dtype == "fp8", device,
+        )
+        self.step_state = StepState()
+
+        def remote(layer_id: int) -> RemoteMoE:
+            return RemoteMoE(
+                config.hidden_size, config.num_experts, config.top_k, config.shared_expert_intermediate_size,
+                config.norm_topk_prob, self.transport, self.step_state,
+            )
+
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote)
+        self.model, self.pool = self.engine.model, self.engine.pool
+        # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
+        self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
+        self.samplers: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
+        self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
+
+    # -- pool updates ---------------------------------------------------------------------------
+    def _apply(self, plan: AgPlan) -> None:
+        for slot in plan.free_slots:
+            self.pool.clear_slot(slot)
+            self.samplers.pop(slot, None)
+        for new in plan.new_requests:
+            self.pool.reset_slot(new.slot)
+            gen = None
+            if not new.params.greedy:
+                gen = self.lane_generator
+                if new.params.seed is not None:
+                    gen = torch.Generator(device=self.last_token.device).manual_seed(new.params.seed)
+            self.samplers[new.slot] = (new.params, gen)
+        for a in plan.pages:
+            self.pool.assign_pages(a.slot, a.start, list(a.pages))
+
+    def _batch(self, reqs: tuple[ReqStep, ...]) -> ForwardBatch:
+        tokens = [list(r.tokens) if r.tokens is not None else [0] for r in reqs]
+        batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs], [r.slot for r in reqs])
+        decodes = [i for i, r in enumerate(reqs) if r.tokens is None]
+        if decodes:
+            slots = torch.tensor([reqs[i].slot for i in decodes], device=self.last_token.device)
+            batch.input_ids[batch.logit_idx[decodes]] = self.last_token[slots]
+        return batch
+
+    # -- the forward ----------------------------------------------------------------------------
+    def _forward(self, batches: list[ForwardBatch | None]) -> list[torch.Tensor | None]:
+        """Micro-batch ping-pong: while the experts run micro-batch i of layer l, this worker
+        computes micro-batch i+1 of layer l. Empty micro-batches still join every exchange."""
+        if len(batches) == 1 and batches[0] is not None:
+            return [self.model(batches[0], self.pool)]
+        hidden = self.model.config.hidden_size
+        empty = torch.empty(0, hidden, dtype=self.engine.dtype, device=self.last_token.device)
+        xs, ctxs, resid = {}, {}, {}
+        for mb, b in enumerate(batches):
+            if b is not None:
+                xs[mb], ctxs[mb] = self.model.embed(b, self.pool)
+        inflight: dict[int, InFlight] = {}
+        for layer in self.model.layers:
+            for mb, b in enumerate(batches):
+                if mb in inflight:
+                    xs[mb] = resid[mb] + layer.mlp.combine(inflight.pop(mb))
+                if b is None:
+                    resid[mb], y = empty, empty
+                else:
+                    resid[mb], y = layer.mixer_half(xs[mb], ctxs[mb])
+                inflight[mb] = layer.mlp.dispatch(y, mb)
+        out: list[torch.Tensor | None] = []
+        for mb, b in enumerate(batches):
+            x = resid[mb] + layer.mlp.combine(inflight.pop(mb))
+            out.append(None if b is None else self.model.logits(x, b))
+        return out
+
+    @torch.inference_mode()
+    def launch(self, plan: AgPlan) -> Launched:
+        self._apply(plan)
+        self.step_state.bucket = plan.bucket
+        batches = [self._batch(mb) if mb else None for mb in plan.micro_batches]
+        logits = self._forward(batches)
+        rows, rids, slots = [], [], []
+        for mb, reqs in enumerate(plan.micro_batches):
+            for i, r in enumerate(reqs):
+                if r.sample:
+                    rows.append(logits[mb][i])
+                    rids.append(r.rid)
+                    slots.append(r.slot)
+        device = self.last_token.device
+        tokens = torch.empty(0, dtype=torch.int64, device=device)
+        if rows:
+            params, gens = zip(*(self.samplers[s] for s in slots))
+            tokens = sample_tensor(torch.stack(rows), list(params), list(gens))
+            self.last_token[torch.tensor(slots, device=device)] = tokens
+        done = None
+        if device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return Launched(plan.step, rids, tokens.to("cpu", non_blocking=True), done)
+
+    def retire(self, launched: Launched) -> Reply:
+        if launched.done is not None:
+            launched.done.synchronize()
+        return Reply(launched.step, self.name, tuple(zip(launched.rids, launched.tokens.tolist())))

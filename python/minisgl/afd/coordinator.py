@@ -1,0 +1,380 @@
+"""The AFD coordinator: the scheduler for all attention-worker lanes (implements RequestScheduler,
+so the server and the offline LLM drive it like the colocated Scheduler).
+
+Each step it plans every lane (decodes, then prefill chunks within the budget, admitting waiting
+requests round-robin across lanes while a lane's allocator can reserve their pages and a slot),
+splits each lane's requests evenly into micro-batches, agrees one dispatch bucket for all ranks,
+and sends one plan to every worker. It runs `lead = K + 1` steps ahead of the replies: decode
+inputs stay on the workers' devices, so it never needs step t's tokens to plan step t + 1. Finish
+detection therefore lags; tokens sampled after a request finished are dropped, and its slot is
+freed in the next plan, after the steps that still use it in command order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch.distributed as dist
+import zmq
+
+from minisgl.afd.args import AfdArgs
+from minisgl.afd.expert_plan import ExpertPlan
+from minisgl.afd.launch import Launcher, make_launcher, worker_devices
+from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep, Shutdown
+from minisgl.afd.worker import ATTN, EXPERT, WorkerFailed, WorkerSpec
+from minisgl.engine.args import EngineArgs
+from minisgl.engine.engine import max_seq_len, pool_config, with_model_path
+from minisgl.kvcache.allocator import PoolAllocator
+from minisgl.models.config import load_config
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.args import SchedulerArgs
+from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.request import Request
+from minisgl.scheduler.rules import check_finish, decodable, take_output, validate_request
+from minisgl.scheduler.stop import DecoderFactory, StopChecker
+
+logger = logging.getLogger(__name__)
+_POLL_MS = 100
+_START_TIMEOUT_S = 600.0
+
+
+class WorkerFailure(RuntimeError):
+    """A worker died, reported an error, or did not answer in time."""
+
+
+@dataclass
+class Lane:
+    index: int
+    alloc: PoolAllocator
+    waiting: deque[Request] = field(default_factory=deque)
+    running: list[Request] = field(default_factory=list)
+    frees: list[int] = field(default_factory=list)  # slots freed since the last plan
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _split(items: list, parts: int) -> list[list]:
+    """Contiguous, as even as possible (sizes differ by at most one)."""
+    q, r = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = q + (i < r)
+        out.append(items[start : start + n])
+        start += n
+    return out
+
+
+class Coordinator:
+    def __init__(
+        self,
+        engine_args: EngineArgs,
+        afd: AfdArgs,
+        make_decoder: DecoderFactory | None = None,
+        sched_args: SchedulerArgs = SchedulerArgs(),
+        launcher: Launcher | None = None,
+    ) -> None:
+        self.engine_args = engine_args = with_model_path(engine_args)
+        self.afd = afd
+        self.config = config = load_config(engine_args.model_path)
+        ExpertPlan(config.num_experts, afd.expert_workers)  # E % N, before anything starts
+        if afd.num_mb > engine_args.max_running_requests:
+            raise ValueError(
+                f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {engine_args.max_running_requests}: "
+                f"a lane can never fill that many micro-batches"
+            )
+        self.max_seq_len = max_seq_len(engine_args, config)
+        pcfg = pool_config(engine_args, config)
+        self.lanes = [
+            Lane(i, PoolAllocator(pcfg.max_running_requests, pcfg.usable_pages, pcfg.page_size, pcfg.max_seq_len))
+            for i in range(afd.attn_workers)
+        ]
+        self.chunk_size = engine_args.chunked_prefill_size
+        self.prefill_budget = sched_args.max_prefill_tokens
+        self.eos = frozenset(config.eos_token_ids)
+        self.make_decoder = make_decoder
+        self.info = SchedulerInfo(
+            model_path=engine_args.model_path,
+            max_seq_len=self.max_seq_len,
+            vocab_size=config.vocab_size,
+            page_size=pcfg.page_size,
+            total_pages=pcfg.usable_pages * afd.attn_workers,
+            max_running_requests=pcfg.max_running_requests * afd.attn_workers,
+            device=f"afd {afd.attn_workers}+{afd.expert_workers}",
+        )
+        self._reqs: dict[str, Request] = {}
+        self._lane_of: dict[str, Lane] = {}
+        self._rr = 0
+        self._outbox: list[RequestOutput] = []
+        self._inflight: deque[int] = deque()  # step ids sent and not yet fully replied
+        self._replies: dict[int, dict[str, Reply]] = {}
+        self._step = 0
+        self._integrity_checks = 0
+        self.failure: str | None = None
+        self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
+        self._start(launcher or make_launcher(afd))
+
+    # -- workers --------------------------------------------------------------------------------
+    def _start(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.zmq = zmq.Context.instance()
+        self.reply_sock = self.zmq.socket(zmq.PULL)
+        reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
+        self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
+        devices = worker_devices(self.afd)
+        self.plan_socks: dict[str, zmq.Socket] = {}
+        specs = []
+        roles = [(ATTN, i) for i in range(self.afd.attn_workers)] + [(EXPERT, r) for r in range(self.afd.expert_workers)]
+        for rank, (role, index) in enumerate(roles):
+            sock = self.zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            port = sock.bind_to_random_port(f"tcp://{launcher.host}")
+            spec = WorkerSpec(
+                role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
+                f"tcp://{launcher.host}:{reply_port}", self.engine_args, self.afd, devices[rank],
+                parent_pid=None if self.afd.launcher == "ray" else os.getpid(),
+            )
+            self.plan_socks[spec.name] = sock
+            specs.append(spec)
+        self.ag_names = [s.name for s in specs if s.role == ATTN]
+        self.eg_names = [s.name for s in specs if s.role == EXPERT]
+        launcher.start(specs)
+        ready: set[str] = set()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while len(ready) < len(specs):
+            msg = self._recv(deadline, "to start")
+            if isinstance(msg, Reply) and msg.step == -1:
+                ready.add(msg.worker)
+        logger.info("AFD: %d attention + %d expert workers ready", self.afd.attn_workers, self.afd.expert_workers)
+
+    def _recv(self, deadline: float, waiting_for: str) -> object:
+        """The next message from any worker; raises WorkerFailure on a death, an error or the deadline."""
+        while True:
+            if self.reply_sock.poll(_POLL_MS):
+                msg = pickle.loads(self.reply_sock.recv())
+                if isinstance(msg, WorkerFailed):
+                    # A peer's death usually surfaces first as a collective error on a live worker:
+                    # give the dead one a moment to be seen, and name it first.
+                    until = time.monotonic() + 2.0
+                    while not (dead := self.launcher.dead()) and time.monotonic() < until:
+                        time.sleep(0.05)
+                    raise WorkerFailure("; ".join(dead + [f"worker {msg.worker} failed: {msg.message}"]))
+                return msg
+            dead = self.launcher.dead()
+            if dead:
+                raise WorkerFailure("; ".join(dead))
+            if time.monotonic() > deadline:
+                raise WorkerFailure(f"no answer from the workers {waiting_for} within the timeout")
+
+    def close(self) -> None:
+        if getattr(self, "launcher", None) is None:
+            return
+        if self.failure is None:
+            for sock in self.plan_socks.values():
+                sock.send(pickle.dumps(Shutdown()))
+        self.launcher.stop(timeout_s=10)
+        self.launcher = None
+        for sock in self.plan_socks.values():
+            sock.close()
+        self.reply_sock.close()
+
+    # -- RequestScheduler -----------------------------------------------------------------------
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if self.failure is not None:
+            raise RuntimeError(f"AFD workers failed: {self.failure}")
+        validate_request(prompt_ids, params, self.max_seq_len, self.config.vocab_size, self.make_decoder is not None)
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            raise ValueError("logprobs and prompt_logprobs are not supported in AFD mode yet")
+
+    def add_request(self, req: GenerateRequest) -> None:
+        prompt = list(req.prompt_ids)
+        self.validate(prompt, req.params)
+        if req.rid in self._reqs:
+            raise ValueError(f"request id {req.rid!r} is already in use")
+        p = req.params
+        checker = StopChecker(p.stop, self.make_decoder(p.skip_special_tokens)) if p.stop else None
+        r = Request(req.rid, prompt, p, None, checker)
+        lane = self.lanes[self._rr % len(self.lanes)]
+        self._rr += 1
+        self._reqs[r.rid] = r
+        self._lane_of[r.rid] = lane
+        lane.waiting.append(r)
+
+    def abort(self, rid: str) -> None:
+        r = self._reqs.get(rid)
+        if r is None:
+            return
+        r.finish_reason = FINISH_ABORT
+        lane = self._lane_of[rid]
+        if r.slot is None:
+            lane.waiting.remove(r)
+            self._forget(r)
+        else:
+            self._release(lane, r)
+        self._outbox.append(take_output(r))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._outbox or self._inflight or any(l.waiting or l.running for l in self.lanes))
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=sum(len(l.running) for l in self.lanes),
+            num_waiting=sum(len(l.waiting) for l in self.lanes),
+            used_pages=sum(l.alloc.total_pages - l.alloc.free_pages for l in self.lanes),
+            total_pages=sum(l.alloc.total_pages for l in self.lanes),
+            used_slots=sum(l.alloc.used_slots for l in self.lanes),
+            total_slots=sum(l.alloc.max_running for l in self.lanes),
+            integrity_checks=self._integrity_checks,
+        )
+
+    def check_integrity(self) -> None:
+        for lane in self.lanes:
+            lane.alloc.check_integrity()
+        live = {id(r) for lane in self.lanes for r in (*lane.waiting, *lane.running)}
+        if live != {id(r) for r in self._reqs.values()}:
+            raise AssertionError("coordinator lost track of a request: waiting + running != live requests")
+        self._integrity_checks += 1
+
+    def step(self) -> list[RequestOutput]:
+        outputs, self._outbox = self._outbox, []
+        if self.failure is not None:
+            return outputs
+        try:
+            while len(self._inflight) < self.afd.coordinator_lead and self._send_step():
+                pass
+            if self._inflight:
+                outputs += self._retire(self._inflight.popleft())
+            elif any(l.waiting for l in self.lanes) and not any(l.running for l in self.lanes):
+                raise RuntimeError("coordinator stalled: nothing running and no waiting request fits")
+        except WorkerFailure as e:
+            outputs += self._fail(str(e))
+        return outputs
+
+    # -- planning -------------------------------------------------------------------------------
+    def _schedule_lane(self, lane: Lane) -> list[tuple[Request, int]]:
+        items = [(r, 1) for r in lane.running if decodable(r, self.max_seq_len)]
+        budget = self.prefill_budget
+        for r in lane.running:
+            if not r.prefill_done and budget > 0:
+                items.append((r, min(len(r.prompt_ids) - r.num_computed, self.chunk_size, budget)))
+                budget -= items[-1][1]
+        while lane.waiting and budget > 0 and lane.alloc.can_allocate(self._reserve(lane.waiting[0])):
+            r = lane.waiting.popleft()
+            r.slot = lane.alloc.allocate(self._reserve(r))
+            lane.running.append(r)
+            items.append((r, min(len(r.prompt_ids), self.chunk_size, budget)))
+            budget -= items[-1][1]
+        return items
+
+    def _reserve(self, r: Request) -> int:
+        return min(len(r.prompt_ids) + r.params.max_tokens, self.max_seq_len)
+
+    def _send_step(self) -> bool:
+        """Plan and send one step to every worker; False when no lane has anything to run."""
+        per_lane = [self._schedule_lane(lane) for lane in self.lanes]
+        if not any(per_lane):
+            return False
+        step = self._step
+        self._step += 1
+        plans: list[tuple[str, object]] = []
+        mbs_per_lane, prefill = [], False
+        for lane, items in zip(self.lanes, per_lane):
+            new, pages, mbs = [], [], []
+            for group in _split(items, self.afd.num_mb):
+                reqs = []
+                for r, n in group:
+                    if r.num_computed == 0:
+                        new.append(NewRequest(r.rid, r.slot, r.params))
+                    start, fresh = lane.alloc.ensure_tokens(r.slot, r.num_computed + n)
+                    if fresh:
+                        pages.append(PageAssignment(r.slot, start, tuple(fresh)))
+                    tokens = None
+                    if not r.prefill_done:
+                        tokens = tuple(r.prompt_ids[r.num_computed : r.num_computed + n])
+                        prefill = True
+                    r.num_computed += n
+                    sample = r.num_computed == r.seq_len
+                    reqs.append(ReqStep(r.rid, r.slot, r.num_computed - n, n, tokens, sample))
+                    if sample:
+                        r.num_pending += 1
+                mbs.append(tuple(reqs))
+            mbs_per_lane.append((lane, mbs, new, pages))
+        bucket = _next_pow2(max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs))
+        for (lane, mbs, new, pages), name in zip(mbs_per_lane, self.ag_names):
+            frees, lane.frees = tuple(lane.frees), []
+            plans.append((name, AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages))))
+        eg_plan = EgPlan(step, self.afd.num_mb, bucket, "prefill" if prefill else "decode")
+        plans += [(name, eg_plan) for name in self.eg_names]
+        size = 0
+        for name, plan in plans:
+            data = pickle.dumps(plan)
+            size += len(data)
+            self.plan_socks[name].send(data)
+        self.plan_bytes.append(size)
+        self._inflight.append(step)
+        return True
+
+    # -- replies --------------------------------------------------------------------------------
+    def _retire(self, step: int) -> list[RequestOutput]:
+        deadline = time.monotonic() + self.afd.step_timeout_s
+        expected = len(self.ag_names) + len(self.eg_names)
+        while len(self._replies.get(step, {})) < expected:
+            msg = self._recv(deadline, f"for step {step}")
+            if isinstance(msg, Reply):
+                self._replies.setdefault(msg.step, {})[msg.worker] = msg
+        touched: dict[int, Request] = {}
+        for reply in self._replies.pop(step).values():
+            for rid, tok in reply.tokens:
+                r = self._reqs.get(rid)
+                if r is None:  # aborted or finished while this step was in flight
+                    continue
+                r.num_pending -= 1
+                if r.finished:
+                    continue
+                r.output_ids.append(tok)
+                check_finish(r, tok, self.eos, self.max_seq_len)
+                touched[id(r)] = r
+        outputs = []
+        for r in touched.values():
+            outputs.append(take_output(r))
+            if r.finished:
+                self._release(self._lane_of[r.rid], r)
+        return outputs
+
+    def _release(self, lane: Lane, r: Request) -> None:
+        lane.running.remove(r)
+        lane.alloc.free(r.slot)
+        lane.frees.append(r.slot)  # travels in the next plan, after every step that still uses it
+        r.slot = None
+        self._forget(r)
+
+    def _forget(self, r: Request) -> None:
+        self._reqs.pop(r.rid, None)
+        self._lane_of.pop(r.rid, None)
+
+    def _fail(self, reason: str) -> list[RequestOutput]:
+        """Every live request ends with the error; the workers are stopped; new requests are refused."""
+        logger.error("AFD failure: %s", reason)
+        self.failure = reason
+        outputs = [
+            RequestOutput(rid=r.rid, finish_reason=FINISH_ABORT, error=f"AFD worker failure: {reason}",
+                          num_prompt_tokens=len(r.prompt_ids), num_output_tokens=len(r.output_ids))
+            for r in self._reqs.values()
+        ]
+        for lane in self.lanes:
+            for r in lane.running:
+                lane.alloc.free(r.slot)
+            lane.waiting.clear()
+            lane.running.clear()
+            lane.frees.clear()
+        self._reqs.clear()
+        self._lane_of.clear()
+        self._inflight.clear()
+        self.launcher.stop(timeout_s=0)
+        return outputs

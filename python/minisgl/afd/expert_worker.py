@@ -1,0 +1,69 @@
+"""An expert worker: holds experts [r·E/N, (r+1)·E/N) of every layer and, each step, runs every
+(layer, micro-batch) exchange: receive all attention workers' rows, compute, return partial sums.
+The next receive is posted before computing, so the transfer overlaps the expert GEMMs."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from minisgl.afd.expert_plan import ExpertPlan
+from minisgl.afd.expert_stage import ExpertShard
+from minisgl.afd.protocol import EgPlan, Reply
+from minisgl.afd.transport import Transport
+from minisgl.afd.worker import WorkerSpec
+from minisgl.engine.engine import build_backends, build_module, model_dtype, with_model_path
+from minisgl.models.config import load_config
+from minisgl.models.weights import WeightFilter, load_weights
+
+
+@dataclass
+class Launched:
+    step: int
+    done: torch.cuda.Event | None
+
+
+class ExpertWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.name = spec.name
+        args = replace(with_model_path(spec.engine_args), device=spec.device)
+        config = load_config(args.model_path)
+        start, end = ExpertPlan(config.num_experts, spec.afd_args.expert_workers).owned(spec.index)
+        device = torch.device(spec.device)
+        dtype = model_dtype(args, config)
+        backend = build_backends(args).moe
+        self.shard = build_module(lambda: ExpertShard(config, start, end - start, backend), dtype, device)
+        load_weights(self.shard, args.model_path, config, WeightFilter.expert_worker(start, end))
+        self.num_layers = config.num_layers
+        self.transport = Transport(
+            spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
+            config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device,
+        )
+        self.device = device
+
+    @torch.inference_mode()
+    def launch(self, plan: EgPlan) -> Launched:
+        order = [(layer, mb) for layer in range(self.num_layers) for mb in range(plan.num_mb)]
+        sends: dict[int, list] = {}
+        nxt = self.transport.post_receive(0, plan.bucket)
+        for i, (layer, mb) in enumerate(order):
+            hidden, ids, weights = self.transport.receive(nxt)
+            if i + 1 < len(order):
+                nxt = self.transport.post_receive(order[i + 1][1], plan.bucket)
+            out = self.shard.stage(layer)(hidden, ids, weights)
+            for w in sends.pop(mb, []):  # this micro-batch's send buffer is about to be reused
+                w.wait()
+            sends[mb] = self.transport.send_combine(mb, plan.bucket, out)
+        for works in sends.values():
+            for w in works:
+                w.wait()
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return Launched(plan.step, done)
+
+    def retire(self, launched: Launched) -> Reply:
+        if launched.done is not None:
+            launched.done.synchronize()
+        return Reply(launched.step, self.name)

@@ -1,0 +1,106 @@
+"""Step plans and replies between the coordinator and the workers: one plan per worker per step,
+never per layer. Small frozen dataclasses, validated on construction, pickled over ZMQ."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minisgl.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request entering a lane: its slot gets zeroed state and its own sampler."""
+
+    rid: str
+    slot: int
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class PageAssignment:
+    """Pages [start, start + len(pages)) of the slot's table row."""
+
+    slot: int
+    start: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReqStep:
+    """One request's share of a step. `tokens` is a prefill chunk; None means a decode of the token
+    the worker sampled for this slot last time (kept on the device, so no CPU round trip)."""
+
+    rid: str
+    slot: int
+    prefix_len: int
+    extend_len: int
+    tokens: tuple[int, ...] | None
+    sample: bool  # this step's last logits produce the request's next token
+
+    def __post_init__(self) -> None:
+        if self.slot < 1:
+            raise ValueError(f"request {self.rid}: slot {self.slot} is the dummy slot")
+        if self.extend_len < 1 or self.prefix_len < 0:
+            raise ValueError(f"request {self.rid}: bad extend {self.extend_len} after prefix {self.prefix_len}")
+        if self.tokens is None and self.extend_len != 1:
+            raise ValueError(f"request {self.rid}: a decode extends by exactly one token")
+        if self.tokens is not None and len(self.tokens) != self.extend_len:
+            raise ValueError(f"request {self.rid}: {len(self.tokens)} tokens for an extend of {self.extend_len}")
+
+
+@dataclass(frozen=True)
+class AgPlan:
+    """An attention worker's step: micro-batches of its lane's requests, plus pool updates applied
+    in this order before the forward: frees, new requests, page assignments."""
+
+    step: int
+    bucket: int  # dispatch capacity in tokens per micro-batch, agreed by every rank this step
+    micro_batches: tuple[tuple[ReqStep, ...], ...]
+    free_slots: tuple[int, ...] = ()
+    new_requests: tuple[NewRequest, ...] = ()
+    pages: tuple[PageAssignment, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.micro_batches:
+            raise ValueError("a plan needs at least one micro-batch")
+        for mb in self.micro_batches:
+            tokens = sum(r.extend_len for r in mb)
+            if tokens > self.bucket:
+                raise ValueError(f"step {self.step}: a micro-batch of {tokens} tokens exceeds the bucket {self.bucket}")
+        slots = [r.slot for mb in self.micro_batches for r in mb]
+        if len(slots) != len(set(slots)):
+            raise ValueError(f"step {self.step}: a slot appears twice")
+
+    @property
+    def num_mb(self) -> int:
+        return len(self.micro_batches)
+
+
+@dataclass(frozen=True)
+class EgPlan:
+    """An expert worker's step. Routing travels with the data, so this is all it needs."""
+
+    step: int
+    num_mb: int
+    bucket: int
+    phase: str  # "prefill" (some chunk in the step) or "decode"; for logs and metrics
+
+    def __post_init__(self) -> None:
+        if self.num_mb < 1 or self.bucket < 1:
+            raise ValueError(f"step {self.step}: num_mb {self.num_mb} and bucket {self.bucket} must be >= 1")
+        if self.phase not in ("prefill", "decode"):
+            raise ValueError(f"step {self.step}: unknown phase {self.phase!r}")
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Tells a worker to exit its loop."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A worker's answer for one retired step: (rid, token) for every request that sampled."""
+
+    step: int
+    worker: str
+    tokens: tuple[tuple[str, int], ...] = ()

@@ -1,0 +1,140 @@
+"""What attention and expert workers share: their spec, the control channel to the coordinator,
+and the loop that keeps at most K launched-but-unretired steps."""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import sys
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from minisgl.afd.args import AfdArgs
+from minisgl.afd.protocol import Reply, Shutdown
+from minisgl.engine.args import EngineArgs
+
+logger = logging.getLogger(__name__)
+
+ATTN, EXPERT = "attn", "expert"
+_IDLE_POLL_MS = 500
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # ATTN or EXPERT
+    index: int  # lane index (ATTN) or expert-parallel rank (EXPERT)
+    rank: int  # rank in the torch.distributed world: attention workers first, then expert workers
+    store_addr: tuple[str, int]  # the coordinator's TCPStore, which every rank rendezvouses through
+    plan_addr: str  # the coordinator's PUSH socket for this worker
+    reply_addr: str  # the coordinator's PULL socket for all replies
+    engine_args: EngineArgs
+    afd_args: AfdArgs
+    device: str
+    parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
+
+    worker: str
+    message: str
+
+
+class StepRunner(Protocol):
+    def launch(self, plan: Any) -> Any: ...
+
+    def retire(self, launched: Any) -> Reply: ...
+
+
+class ControlChannel:
+    def __init__(self, plan_addr: str, reply_addr: str) -> None:
+        self.ctx = zmq.Context.instance()
+        self.plans = self.ctx.socket(zmq.PULL)
+        self.plans.connect(plan_addr)
+        self.replies = self.ctx.socket(zmq.PUSH)
+        self.replies.setsockopt(zmq.LINGER, 2000)
+        self.replies.connect(reply_addr)
+
+    def recv(self, timeout_ms: int) -> Any | None:
+        if not self.plans.poll(timeout_ms):
+            return None
+        return pickle.loads(self.plans.recv())
+
+    def send(self, msg: object) -> None:
+        self.replies.send(pickle.dumps(msg))
+
+
+def serve(runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int | None) -> None:
+    """Launch plans as they come; retire the oldest when `depth` are in flight, or when idle."""
+    pending: deque = deque()
+    while True:
+        msg = chan.recv(0 if pending else _IDLE_POLL_MS)
+        if msg is None:
+            if pending:
+                chan.send(runner.retire(pending.popleft()))
+            elif parent_pid is not None and os.getppid() != parent_pid:
+                logger.error("coordinator (pid %d) is gone; exiting", parent_pid)
+                return
+            continue
+        if isinstance(msg, Shutdown):
+            while pending:
+                chan.send(runner.retire(pending.popleft()))
+            return
+        if len(pending) >= depth:
+            chan.send(runner.retire(pending.popleft()))
+        pending.append(runner.launch(msg))
+
+
+def init_distributed(spec: WorkerSpec) -> None:
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    host, port = spec.store_addr
+    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=spec.afd_args.step_timeout_s))
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.afd_args.world_size,
+        # A dead peer must surface as an error here, never as a hang.
+        timeout=timedelta(seconds=spec.afd_args.step_timeout_s),
+    )
+
+
+def worker_main(spec: WorkerSpec) -> None:
+    """Process entry point for one worker."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.name}: %(message)s", stream=sys.stderr)
+    chan = ControlChannel(spec.plan_addr, spec.reply_addr)
+    try:
+        if spec.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(spec.device))
+        else:
+            torch.set_num_threads(spec.afd_args.cpu_threads)
+        init_distributed(spec)
+        if spec.role == ATTN:
+            from minisgl.afd.attention_worker import AttentionWorker
+
+            runner: StepRunner = AttentionWorker(spec)
+        else:
+            from minisgl.afd.expert_worker import ExpertWorker
+
+            runner = ExpertWorker(spec)
+        chan.send(Reply(step=-1, worker=spec.name))  # ready
+        serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid)
+    except BaseException as e:  # noqa: BLE001 - report any failure to the coordinator, then exit non-zero
+        chan.send(WorkerFailed(spec.name, f"{type(e).__name__}: {e}"))
+        traceback.print_exc()
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,24 @@
+"""The one place that turns flags into a RequestScheduler: the colocated Scheduler over an Engine,
+or, with --afd, the coordinator over attention and expert worker processes."""
+from __future__ import annotations
+
+from minisgl.afd.args import AfdArgs
+from minisgl.engine.args import EngineArgs
+from minisgl.engine.engine import Engine
+from minisgl.scheduler.args import SchedulerArgs
+from minisgl.scheduler.protocol import RequestScheduler
+from minisgl.scheduler.scheduler import Scheduler
+from minisgl.scheduler.stop import DecoderFactory
+
+
+def build_scheduler(
+    engine_args: EngineArgs,
+    afd: AfdArgs | None = None,
+    make_decoder: DecoderFactory | None = None,
+    sched_args: SchedulerArgs = SchedulerArgs(),
+) -> RequestScheduler:
+    if afd is not None:
+        from minisgl.afd.coordinator import Coordinator
+
+        return Coordinator(engine_args, afd, make_decoder, sched_args)
+    return Scheduler(Engine(engine_args), make_decoder, sched_args)

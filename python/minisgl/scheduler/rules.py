@@ -1,0 +1,66 @@
+"""Request rules every scheduler applies the same way (colocated and AFD): what may be queued,
+when a request is done, and what one step reports for it."""
+from __future__ import annotations
+
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.io import FINISH_LENGTH, FINISH_STOP, RequestOutput
+from minisgl.scheduler.request import Request
+
+
+def validate_request(
+    prompt_ids: list[int], params: SamplingParams, max_seq_len: int, vocab_size: int, has_tokenizer: bool
+) -> None:
+    if not prompt_ids:
+        raise ValueError("prompt is empty")
+    if len(prompt_ids) >= max_seq_len:
+        raise ValueError(
+            f"prompt has {len(prompt_ids)} tokens; max_seq_len is {max_seq_len}, "
+            f"so at most {max_seq_len - 1} prompt tokens leave room to generate"
+        )
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if params.stop and not has_tokenizer:
+        raise ValueError("stop strings need a tokenizer")
+
+
+def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) -> None:
+    """Set r.finish_reason after r sampled `tok` (already appended to its output)."""
+    p = r.params
+    if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos):
+        r.finish_reason, r.matched_stop = FINISH_STOP, tok
+    elif r.stop_checker is not None and (hit := r.stop_checker.push(tok)) is not None:
+        r.finish_reason, r.matched_stop = FINISH_STOP, hit
+    elif len(r.output_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.output_ids) >= max_seq_len:
+        r.finish_reason = FINISH_LENGTH
+
+
+def decodable(r: Request, max_seq_len: int) -> bool:
+    """Prefilled, its newest token not yet fed, and not already at a length limit."""
+    return (
+        r.prefill_done
+        and not r.finished
+        and r.num_computed == r.seq_len - 1
+        and r.num_sampled < r.params.max_tokens
+        and r.seq_len < max_seq_len
+    )
+
+
+def take_output(r: Request) -> RequestOutput:
+    """What changed since the last report: new tokens and logprobs, and the finish once."""
+    prompt_lp = None
+    if r.prompt_logprobs is not None and not r.prompt_logprobs_sent and r.prefill_done:
+        prompt_lp, r.prompt_logprobs_sent = tuple(r.prompt_logprobs), True
+    out = RequestOutput(
+        rid=r.rid,
+        new_token_ids=tuple(r.output_ids[r.num_reported :]),
+        logprobs=tuple(r.new_logprobs),
+        prompt_logprobs=prompt_lp,
+        finish_reason=r.finish_reason,
+        matched_stop=r.matched_stop,
+        num_prompt_tokens=len(r.prompt_ids),
+        num_output_tokens=len(r.output_ids),
+    )
+    r.num_reported = len(r.output_ids)
+    r.new_logprobs.clear()
+    return out
