@@ -12,6 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 # (measured 15x faster than two threads on a loaded 2-core box).
 torch.set_num_threads(1)
 
+pytest_plugins = ("server_harness",)  # the session's shared live server (tests/server_harness.py)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

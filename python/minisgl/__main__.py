@@ -1,4 +1,4 @@
-"""`python -m minisgl <command>`: make-tiny-model, generate."""
+"""`python -m minisgl <command>`: make-tiny-model, generate, serve."""
 from __future__ import annotations
 
 import argparse
@@ -32,8 +32,22 @@ def _generate(ns: argparse.Namespace) -> None:
     print(f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s on {llm.engine.device}")
 
 
+def _serve(ns: argparse.Namespace) -> None:
+    from minisgl.afd.args import AfdArgs
+    from minisgl.scheduler.args import SchedulerArgs
+    from minisgl.server.args import ServerArgs
+    from minisgl.server.cli_args import dataclass_from, engine_args_from
+    from minisgl.server.launch import serve
+
+    afd = dataclass_from(ns, AfdArgs, "afd_") if ns.afd else None
+    serve(engine_args_from(ns), dataclass_from(ns, SchedulerArgs), dataclass_from(ns, ServerArgs), afd)
+
+
 def main(argv: list[str] | None = None) -> None:
-    from minisgl.server.cli_args import add_engine_args
+    from minisgl.afd.args import AfdArgs
+    from minisgl.scheduler.args import SchedulerArgs
+    from minisgl.server.args import ServerArgs
+    from minisgl.server.cli_args import add_dataclass_args, add_engine_args
 
     parser = argparse.ArgumentParser(prog="minisgl")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,9 +68,20 @@ def main(argv: list[str] | None = None) -> None:
     add_engine_args(p)
     p.set_defaults(func=_generate)
 
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (SGLang-style flags)")
+    add_engine_args(p)
+    add_dataclass_args(p, SchedulerArgs)
+    add_dataclass_args(p, ServerArgs)
+    p.add_argument("--afd", action="store_true", help="attention-FFN disaggregation (the --afd-* flags)")
+    add_dataclass_args(p, AfdArgs, "afd_")
+    p.set_defaults(func=_serve)
+
     ns = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    ns.func(ns)
+    try:
+        ns.func(ns)
+    except ValueError as e:  # bad flags or input: a message, not a traceback
+        parser.exit(2, f"minisgl {ns.command}: error: {e}\n")
 
 
 if __name__ == "__main__":

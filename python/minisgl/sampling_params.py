@@ -5,11 +5,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # 0 (or < GREEDY_BELOW) = greedy
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     max_tokens: int = 16
@@ -43,7 +44,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Dividing logits by a temperature this small overflows to inf (and NaN probabilities).
+        return self.temperature < GREEDY_BELOW
 
     @staticmethod
     def broadcast(params: "SamplingParams | Sequence[SamplingParams] | None", n: int) -> list["SamplingParams"]:

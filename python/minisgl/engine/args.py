@@ -19,8 +19,16 @@ class EngineArgs:
     moe_backend: str = "torch"
     mamba_ssm_dtype: str | None = None  # None = the config's mamba_ssm_dtype (fp32)
     seed: int = 0
+    # SGLang flags accepted for compatibility; only their defaults are implemented so far.
+    tp_size: int = 1
+    mem_fraction_static: float | None = None  # None = size the KV pool by num_pages / context_length
 
     def __post_init__(self) -> None:
+        if self.tp_size != 1:
+            raise ValueError(f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (--afd spreads "
+                             f"the experts over GPUs)")
+        if self.mem_fraction_static is not None:
+            raise ValueError("mem_fraction_static is not implemented yet; size the KV pool with --num-pages")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
         if self.context_length is not None and self.context_length < 2:

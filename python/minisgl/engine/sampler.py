@@ -16,6 +16,7 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         probs = sorted_logits.softmax(-1)
         # Drop a token when the mass before it already reaches top_p; the top token always stays.
         drop = (probs.cumsum(-1) - probs) >= top_p
+        drop[0] = False  # explicitly: a top_p that rounds to 0 in fp32 would otherwise drop it too
         logits = logits.clone()
         logits[order[drop]] = float("-inf")
     return logits

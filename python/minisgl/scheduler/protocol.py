@@ -10,6 +10,7 @@ A driver loop looks like:
         for out in sched.step():   # one forward (or none, if only aborts/rejects are pending)
             ...                    # RequestOutput: new tokens, logprobs, finish reason
     sched.check_integrity()        # when idle: every page and slot is accounted for
+    sched.close()                  # at shutdown
 """
 from __future__ import annotations
 
@@ -42,3 +43,6 @@ class RequestScheduler(Protocol):
         """Raise AssertionError if the pools lost or double-counted a page or slot."""
 
     def stats(self) -> SchedulerStats: ...
+
+    def close(self) -> None:
+        """Release what the scheduler started (worker processes, sockets); safe to call twice."""

@@ -152,6 +152,9 @@ class Scheduler:
             raise AssertionError("scheduler lost track of a request: waiting + running != live requests")
         self._integrity_checks += 1
 
+    def close(self) -> None:
+        """Nothing to release: the engine lives and dies with this process."""
+
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Launch the next forward and retire the previous one (or this one, without overlap)."""

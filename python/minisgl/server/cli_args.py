@@ -1,29 +1,48 @@
-"""EngineArgs <-> argparse: one `--kebab-case` flag per EngineArgs field, so the flags never drift
-from the dataclass."""
+"""Dataclass <-> argparse: one `--kebab-case` flag per field of EngineArgs, SchedulerArgs and
+ServerArgs, so the flags never drift from the dataclasses."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import typing
+from typing import TypeVar
 
 from minisgl.engine.args import EngineArgs
+
+T = TypeVar("T")
 
 _HELP = {
     "model_path": "checkpoint directory (HF layout); default: the embedded tiny model",
     "context_length": "max tokens per request (prompt + output)",
     "num_pages": "KV pages to allocate (default: every slot can reach the context length)",
+    "chunked_prefill_size": "max prompt tokens of one request per step",
+    "max_prefill_tokens": "max prompt tokens of all requests per step",
+    "served_model_name": "the model name clients send (default: the model path)",
+    "watchdog_timeout": "seconds one step may take before the engine counts as hung and is stopped",
 }
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    hints = typing.get_type_hints(EngineArgs)
-    for f in dataclasses.fields(EngineArgs):
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
+    """--{prefix}{field} for each field (prefix "afd_" gives --afd-attn-workers)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
         hint = hints[f.name]
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
         parser.add_argument(
-            "--" + f.name.replace("_", "-"), type=base, default=f.default, help=_HELP.get(f.name, f"default: {f.default}")
+            "--" + (prefix + f.name).replace("_", "-"),
+            type=base,
+            default=f.default,
+            help=_HELP.get(f.name, f"default: {f.default}"),
         )
 
 
+def dataclass_from(ns: argparse.Namespace, cls: type[T], prefix: str = "") -> T:
+    return cls(**{f.name: getattr(ns, prefix + f.name) for f in dataclasses.fields(cls)})
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_args(parser, EngineArgs)
+
+
 def engine_args_from(ns: argparse.Namespace) -> EngineArgs:
-    return EngineArgs(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)})
+    return dataclass_from(ns, EngineArgs)

@@ -1,0 +1,20 @@
+"""Server flags that are not engine or scheduler flags (SGLang's names where SGLang has one)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    served_model_name: str | None = None  # None = the model path (or "minisgl-tiny" for the embedded model)
+    watchdog_timeout: float = 300.0  # seconds one step may take before the engine counts as hung
+    startup_timeout: float = 1800.0  # seconds to wait for the engine to load the model
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.watchdog_timeout <= 0 or self.startup_timeout <= 0:
+            raise ValueError("watchdog_timeout and startup_timeout must be positive")

@@ -1,0 +1,51 @@
+"""The detokenizer process: turns the engine's token outputs into text deltas (UTF-8-safe, stop
+strings held back and cut) and forwards everything else from the engine unchanged, in order."""
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from minisgl.scheduler.io import RequestOutput
+from minisgl.server.channel import Addresses, Receiver, Sender
+from minisgl.server.child import parent_alive, setup_child
+from minisgl.server.messages import TextBatch, TextOutput, TokenBatch
+from minisgl.tokenizer.detokenizer import TextStream
+from minisgl.tokenizer.tokenizer import load_tokenizer
+
+POLL_MS = 200
+
+
+class Detokenizer:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.streams: dict[str, TextStream] = {}
+
+    def convert(self, batch: TokenBatch) -> TextBatch:
+        for rid, spec in batch.specs:
+            self.streams[rid] = TextStream(self.tokenizer, spec.skip_special_tokens, spec.stop)
+        return TextBatch(tuple(self._one(o) for o in batch.outputs))
+
+    def _one(self, o: RequestOutput) -> TextOutput:
+        # A rejected request (o.error) never had a stream.
+        stream = self.streams.pop(o.rid, None) if o.finished else self.streams.get(o.rid)
+        text = stream.push(o.new_token_ids, o.finished) if stream is not None else ""
+        return TextOutput(
+            rid=o.rid,
+            text=text,
+            token_ids=o.new_token_ids,
+            logprobs=o.logprobs,
+            prompt_logprobs=o.prompt_logprobs,
+            finish_reason=o.finish_reason,
+            matched_stop=o.matched_stop,
+            num_prompt_tokens=o.num_prompt_tokens,
+            num_output_tokens=o.num_output_tokens,
+            error=o.error,
+        )
+
+
+def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int, log_level: str) -> None:
+    setup_child(log_level)
+    detok = Detokenizer(load_tokenizer(model_path))
+    inbox, out = Receiver(addrs.detokenizer), Sender(addrs.api)
+    while parent_alive(parent_pid):
+        for msg in inbox.recv_all(POLL_MS):
+            out.send(detok.convert(msg) if isinstance(msg, TokenBatch) else msg)

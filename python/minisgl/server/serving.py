@@ -1,0 +1,259 @@
+"""What the completions and chat endpoints share: request validation against the model's limits,
+fanning a request out into one engine request per choice, and delivering the choices' outputs
+as SSE chunks or one merged JSON body, aborting whatever is left when the client goes away."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from transformers import PreTrainedTokenizerBase
+
+from minisgl.sampling_params import SamplingParams
+from minisgl.scheduler.io import GenerateRequest, SchedulerInfo
+from minisgl.server.engine_client import EngineClient, EngineUnavailable
+from minisgl.server.logprob_format import LogprobFormatter
+from minisgl.server.messages import TextOutput
+from minisgl.server.metrics import RequestTimer, ServerMetrics
+from minisgl.server.openai_types import SamplingFields
+from minisgl.tokenizer.token_text import TokenTexts
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error"}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape, which the openai client turns into BadRequestError and friends."""
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": param,
+                      "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status)
+
+
+def sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One OpenAI choice, run as one engine request."""
+
+    index: int
+    rid: str
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+class ServingContext:
+    def __init__(
+        self, client: EngineClient, tokenizer: PreTrainedTokenizerBase, model_name: str, metrics: ServerMetrics
+    ) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.metrics = metrics
+        self.formatter = LogprobFormatter(TokenTexts(tokenizer))
+
+    @property
+    def info(self) -> SchedulerInfo:
+        try:
+            self.client.check_alive()
+        except EngineUnavailable as e:
+            raise ApiError(503, str(e)) from None
+        assert self.client.info is not None
+        return self.client.info
+
+    def check_request(self, body: SamplingFields) -> None:
+        if body.model is not None and body.model != self.model_name:
+            raise ApiError(404, f"The model `{body.model}` does not exist; this server serves `{self.model_name}`.",
+                           "model")
+        bad = body.unsupported()
+        if bad:
+            raise ApiError(400, f"not supported by this server: {', '.join(bad)}", bad[0])
+
+    def check_prompt(self, ids: list[int]) -> None:
+        info = self.info
+        if not ids:
+            raise ApiError(400, "the prompt is empty", "prompt")
+        if len(ids) >= info.max_seq_len:
+            raise ApiError(400, f"This model's maximum context length is {info.max_seq_len} tokens, and the prompt "
+                                f"has {len(ids)} tokens, leaving no room to generate.", "prompt")
+        bad = [t for t in ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise ApiError(400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {info.vocab_size})",
+                           "prompt")
+
+    def max_tokens(self, prompt_len: int, requested: int | None) -> int:
+        """requested, or all the room left when None; more than the room left is an error (as vLLM)."""
+        room = self.info.max_seq_len - prompt_len
+        if requested is None:
+            return room
+        if requested > room:
+            raise ApiError(400, f"This model's maximum context length is {self.info.max_seq_len} tokens. However, "
+                                f"you requested {prompt_len + requested} tokens ({prompt_len} in the prompt, "
+                                f"{requested} for the completion). Reduce the prompt or max_tokens.", "max_tokens")
+        return requested
+
+    @staticmethod
+    def sampling_params(
+        body: SamplingFields, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None, j: int
+    ) -> SamplingParams:
+        try:
+            return SamplingParams(
+                temperature=body.temperature,
+                top_p=body.top_p,
+                top_k=-1 if body.top_k == 0 else body.top_k,
+                max_tokens=max_tokens,
+                stop=body.stop or (),
+                stop_token_ids=body.stop_token_ids or (),
+                ignore_eos=body.ignore_eos,
+                # n > 1 with a seed: each choice gets its own stream, all reproducible.
+                seed=None if body.seed is None else body.seed + j,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                skip_special_tokens=body.skip_special_tokens,
+            )
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def run_choices(ctx: ServingContext, choices: list[Choice]) -> AsyncIterator[TextOutput]:
+    """Outputs of every choice as they come. Closing the iterator early aborts the rest."""
+    timer = RequestTimer(ctx.metrics)
+    rids = [c.rid for c in choices]
+    try:
+        q = ctx.client.submit([GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices])
+    except EngineUnavailable as e:
+        raise ApiError(503, str(e)) from None
+    try:
+        async for o in ctx.client.outputs(q, rids):
+            timer.on_output(o)
+            if o.error is not None:
+                raise ApiError(400, o.error)
+            yield o
+    except EngineUnavailable as e:
+        raise ApiError(503, str(e)) from None
+    finally:
+        timer.on_abort(ctx.client.abort(rids))  # the client left (or failed) before these finished
+
+
+async def _until_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+ChunkFn = Callable[[TextOutput], dict[str, Any]]
+
+
+def _stream(
+    ctx: ServingContext, choices: list[Choice], chunk: ChunkFn, usage_chunk: Callable[[], dict[str, Any]] | None
+) -> StreamingResponse:
+    """SSE: one chunk per output, an optional usage chunk, then [DONE]. An error after the headers
+    went out is sent as an `error` event (the openai client raises it)."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async with aclosing(run_choices(ctx, choices)) as outputs:
+                async for o in outputs:
+                    yield sse(chunk(o))
+            if usage_chunk is not None:
+                yield sse(usage_chunk())
+        except ApiError as e:
+            yield sse(error_body(e.status, e.message, e.param))
+        yield "data: [DONE]\n\n"
+
+    # Starlette cancels `events` when the client disconnects; aclosing then aborts the choices.
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+async def _collect(
+    ctx: ServingContext, raw: Request, choices: list[Choice], on_output: Callable[[TextOutput], None]
+) -> None:
+    """Feed every output to on_output; abort everything if the client disconnects first."""
+
+    async def consume() -> None:
+        async with aclosing(run_choices(ctx, choices)) as outputs:
+            async for o in outputs:
+                on_output(o)
+
+    work = asyncio.ensure_future(consume())
+    gone = asyncio.ensure_future(_until_disconnect(raw))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (work, gone):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(work, gone, return_exceptions=True)
+    if not work.cancelled():
+        work.result()  # re-raise ApiError
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def created() -> int:
+    return int(time.time())
+
+
+def merge_delta(into: dict[str, Any], delta: dict[str, Any]) -> None:
+    """Fold a streamed choice delta into the running choice: strings concatenate, lists extend,
+    dicts merge, None never overwrites. Non-streaming responses are the merge of the stream."""
+    for k, v in delta.items():
+        cur = into.get(k)
+        if v is None:
+            into.setdefault(k, None)
+        elif isinstance(v, str) and isinstance(cur, str):
+            into[k] = cur + v
+        elif isinstance(v, dict) and isinstance(cur, dict):
+            merge_delta(cur, v)
+        elif isinstance(v, list) and isinstance(cur, list):
+            cur.extend(v)
+        else:
+            into[k] = v
+
+
+async def respond(
+    ctx: ServingContext,
+    raw: Request,
+    body: SamplingFields,
+    choices: list[Choice],
+    head: dict[str, Any],
+    chunk_object: str,
+    delta: ChunkFn,
+    total_usage: Callable[[], dict[str, int]],
+    finish: Callable[[dict[str, Any]], dict[str, Any]] = lambda c: c,
+) -> Response:
+    """Stream the choices' deltas, or merge them into one body whose choices pass through finish()."""
+    if body.stream:
+        chunk_head = {**head, "object": chunk_object}
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return _stream(
+            ctx, choices, lambda o: {**chunk_head, "choices": [delta(o)]},
+            (lambda: {**chunk_head, "choices": [], "usage": total_usage()}) if include_usage else None,
+        )
+    index = {c.rid: c.index for c in choices}
+    merged: dict[int, dict[str, Any]] = {c.index: {} for c in choices}
+    await _collect(ctx, raw, choices, lambda o: merge_delta(merged[index[o.rid]], delta(o)))
+    return JSONResponse({**head, "choices": [finish(merged[i]) for i in sorted(merged)], "usage": total_usage()})

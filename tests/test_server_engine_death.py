@@ -1,0 +1,60 @@
+"""Kill the engine process under load: in-flight requests get errors, new requests get a 503 with
+the reason, and nothing hangs (the whole scenario is bounded by DEATH_TIMEOUT)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from server_harness import SERVER_FLAGS, running_server
+
+DEATH_TIMEOUT = 20.0
+BODY = {"prompt": "The quick brown fox", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+
+
+async def _stream(client: httpx.AsyncClient, started: asyncio.Event) -> str:
+    """The text of the last SSE event before [DONE]."""
+    last = ""
+    async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                last = line[6:]
+                started.set()
+    return last
+
+
+async def _scenario(url: str, engine_pid: int) -> tuple[list[str], list[httpx.Response], httpx.Response]:
+    async with httpx.AsyncClient(base_url=url, timeout=DEATH_TIMEOUT) as client:
+        started = asyncio.Event()
+        streams = [asyncio.ensure_future(_stream(client, started)) for _ in range(12)]
+        posts = [asyncio.ensure_future(client.post("/v1/completions", json=BODY)) for _ in range(6)]
+        await asyncio.wait_for(started.wait(), DEATH_TIMEOUT)
+        os.kill(engine_pid, signal.SIGKILL)
+        done = await asyncio.wait_for(asyncio.gather(*streams, *posts), DEATH_TIMEOUT)
+        after = await client.post("/v1/completions", json={**BODY, "max_tokens": 2})
+        return done[: len(streams)], done[len(streams) :], after
+
+
+@pytest.mark.load
+def test_engine_killed_under_load(tmp_path, _isolated_cache) -> None:
+    with running_server(tmp_path, *SERVER_FLAGS) as server:
+        pid = server.get("/server_info").json()["engine_pid"]
+        start = time.monotonic()
+        streams, posts, after = asyncio.run(_scenario(server.url, pid))
+        assert time.monotonic() - start < DEATH_TIMEOUT
+        for last in streams:
+            err = json.loads(last)["error"]
+            assert err["code"] == 503 and "engine process was killed by signal 9" in err["message"], err
+        for r in posts:
+            assert r.status_code == 503 and "killed by signal 9" in r.json()["error"]["message"], r.text
+        assert after.status_code == 503 and "killed by signal 9" in after.json()["error"]["message"]
+        health = server.get("/health")
+        assert health.status_code == 503 and "engine" in health.json()["error"]["message"]
+        assert server.get("/server_info").json()["dead_reason"]
+        assert server.proc.poll() is None, "the API server stays up to report the failure"

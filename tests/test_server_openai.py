@@ -1,0 +1,161 @@
+"""The official openai client against a live server on loopback: completions, chat, streaming, n,
+stop, usage, logprobs, echo, and max_tokens 0 with prompt logprobs."""
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+
+from server_harness import Server
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def client(live_server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=live_server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client: openai.OpenAI) -> str:
+    models = client.models.list().data
+    assert len(models) == 1
+    return models[0].id
+
+
+def test_completion_usage_and_determinism(client: openai.OpenAI, model: str) -> None:
+    a = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    b = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert a.object == "text_completion" and a.model == model
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text
+    assert a.choices[0].finish_reason == "length"
+    assert a.usage.prompt_tokens > 0
+    assert a.usage.completion_tokens == 8
+    assert a.usage.total_tokens == a.usage.prompt_tokens + 8
+
+
+def test_streaming_completion_matches_non_streaming(client: openai.OpenAI, model: str) -> None:
+    kw = dict(model=model, prompt=PROMPT, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw)
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_n_choices_and_seed(client: openai.OpenAI, model: str) -> None:
+    kw = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, n=3, seed=123,
+              extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert sorted(c.index for c in a.choices) == [0, 1, 2]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices], "seeded sampling is reproducible"
+    assert len({c.text for c in a.choices}) > 1, "each choice samples its own stream"
+    assert a.usage.completion_tokens == 36
+    streamed = client.completions.create(stream=True, **kw)
+    texts = {0: "", 1: "", 2: ""}
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert [texts[i] for i in range(3)] == [c.text for c in a.choices]
+
+
+def test_batch_of_prompts_and_token_ids(client: openai.OpenAI, model: str) -> None:
+    ids = [72, 101, 108, 108, 111]
+    r = client.completions.create(model=model, prompt=[PROMPT, "Hello"], max_tokens=4, temperature=0, n=2,
+                                  extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    by_ids = client.completions.create(model=model, prompt=ids, max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+def test_stop_string(client: openai.OpenAI, model: str) -> None:
+    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = free[6:8]
+    assert stop and free.index(stop) >= 1
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == free[: free.index(stop)]
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True,
+        extra_body={"ignore_eos": True}))
+    assert streamed == r.choices[0].text
+
+
+def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    shown = "".join(t for t in lp.tokens if not t.startswith("<|"))  # special tokens are not in the text
+    assert shown == r.choices[0].text or any(t.startswith("bytes:") for t in lp.tokens)
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) <= 3 and max(top.values()) == pytest.approx(chosen)  # greedy = argmax
+
+
+def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI, model: str) -> None:
+    """What alignment tools send: echo + logprobs + max_tokens 0, and vLLM's prompt_logprobs."""
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1,
+                                  extra_body={"prompt_logprobs": 2})
+    c = r.choices[0]
+    assert c.text == PROMPT and c.finish_reason == "length" and r.usage.completion_tokens == 0
+    n = r.usage.prompt_tokens
+    assert len(c.logprobs.tokens) == n and c.logprobs.token_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in c.logprobs.token_logprobs[1:])
+    plp = c.model_extra["prompt_logprobs"]
+    assert len(plp) == n and plp[0] is None
+    for pos in range(1, n):
+        entry = plp[pos]
+        assert 1 <= len(entry) <= 3 and all(math.isfinite(v["logprob"]) for v in entry.values())
+        assert any(v["logprob"] == pytest.approx(c.logprobs.token_logprobs[pos]) for v in entry.values())
+    # A prompt can be scored with echo alone, and without any logprobs it is just echoed back.
+    plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True)
+    assert plain.choices[0].text == PROMPT and plain.usage.completion_tokens == 0
+
+
+def test_chat_completion(client: openai.OpenAI, model: str) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is two plus two?"}]
+    r = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    c = r.choices[0]
+    assert r.object == "chat.completion" and c.message.role == "assistant" and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens > 10
+    assert len(c.logprobs.content) == 8 and all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+    assert bytes(b for t in c.logprobs.content for b in t.bytes).decode(errors="replace") == c.message.content \
+        or "\ufffd" in c.message.content
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == c.message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_chat_n_and_max_completion_tokens(client: openai.OpenAI, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2,
+                                       max_completion_tokens=3, temperature=0.8, seed=1,
+                                       extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.completion_tokens == 6
+
+
+def test_stop_token_ids_finish_with_stop(client: openai.OpenAI, model: str) -> None:
+    """Sampling hot for 200 tokens meets one of ten stop ids (the specials among them) somewhere."""
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=200, temperature=1.0, n=8, seed=5,
+                                  extra_body={"stop_token_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]})
+    assert "stop" in {c.finish_reason for c in r.choices}
+
+
+def test_metrics_and_health(live_server: Server) -> None:
+    assert live_server.get("/health").status_code == 200
+    text = live_server.get("/metrics").text
+    for name in ("minisgl:num_running_reqs", "minisgl:token_usage", "minisgl:prompt_tokens_total",
+                 "minisgl:generation_tokens_total", "minisgl:time_to_first_token_seconds_bucket",
+                 "minisgl:inter_token_latency_seconds_bucket", "minisgl:num_queue_reqs"):
+        assert name in text, name
