@@ -14,16 +14,20 @@ class EngineArgs:
     context_length: int | None = None  # max tokens per request; None = the model's max_position_embeddings
     num_pages: int | None = None  # KV pages; None = every slot can reach context_length
     chunked_prefill_size: int = 2048
-    attention_backend: str = "torch"
-    gdn_backend: str = "torch"
-    moe_backend: str = "torch"
+    attention_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
+    gdn_backend: str = "auto"  # auto = torch on the CPU; fla when installed, else triton, on CUDA
+    moe_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
     mamba_ssm_dtype: str | None = None  # None = the config's mamba_ssm_dtype (fp32)
     seed: int = 0
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
     # SGLang flags accepted for compatibility; only their defaults are implemented so far.
     tp_size: int = 1
     mem_fraction_static: float | None = None  # None = size the KV pool by num_pages / context_length
 
     def __post_init__(self) -> None:
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.tp_size != 1:
             raise ValueError(f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (--afd spreads "
                              f"the experts over GPUs)")

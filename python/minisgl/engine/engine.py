@@ -2,6 +2,7 @@
 and runs one batched forward per step."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import replace
 from typing import Callable
@@ -11,6 +12,7 @@ from torch import nn
 
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.engine.args import EngineArgs
+from minisgl.engine.graph import DecodeGraphRunner
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
@@ -19,6 +21,7 @@ from minisgl.models.context import Backends
 from minisgl.models.registry import MODELS
 from minisgl.models.weights import WeightFilter, load_weights
 from minisgl.moe.registry import MOE_BACKENDS
+from minisgl.registry import Registry
 from minisgl.tools.make_tiny_model import default_model_path
 
 logger = logging.getLogger(__name__)
@@ -68,11 +71,28 @@ def pool_config(args: EngineArgs, config: ModelConfig) -> PoolConfig:
     )
 
 
-def build_backends(args: EngineArgs) -> Backends:
+_REGISTRIES: dict[str, Registry] = {"attention": ATTENTION_BACKENDS, "gdn": GDN_BACKENDS, "moe": MOE_BACKENDS}
+
+
+def _auto(family: str, device: torch.device) -> str:
+    """The default backend of a family on this device: the torch references on the CPU, our
+    kernels on CUDA (fla's chunked prefill for GDN when it is installed)."""
+    if device.type != "cuda":
+        return "torch"
+    if family == "gdn":
+        return "fla" if importlib.util.find_spec("fla") is not None else "triton"
+    return "triton" if "triton" in _REGISTRIES[family].names() else "torch"
+
+
+def build_backend(family: str, name: str, device: torch.device) -> object:
+    return _REGISTRIES[family].get(_auto(family, device) if name == "auto" else name)()
+
+
+def build_backends(args: EngineArgs, device: torch.device) -> Backends:
     return Backends(
-        attention=ATTENTION_BACKENDS.get(args.attention_backend)(),
-        gdn=GDN_BACKENDS.get(args.gdn_backend)(),
-        moe=MOE_BACKENDS.get(args.moe_backend)(),
+        attention=build_backend("attention", args.attention_backend, device),
+        gdn=build_backend("gdn", args.gdn_backend, device),
+        moe=build_backend("moe", args.moe_backend, device),
     )
 
 
@@ -101,7 +121,7 @@ class Engine:
         self.device = resolve_device(args.device)
         self.dtype = model_dtype(args, self.config)
         self.max_seq_len = max_seq_len(args, self.config)
-        backends = build_backends(args)
+        backends = build_backends(args, self.device)
         arch = MODELS.get(self.config.arch)
         self.model = build_module(lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device)
         load_weights(self.model, self.model_path, self.config, weight_filter)
@@ -116,10 +136,22 @@ class Engine:
             min(args.max_running_requests, self.pool.total_pages // pool_cfg.pages_per_request), self.max_seq_len,
         )
 
+        self.graph_runner: DecodeGraphRunner | None = None
+        if self.device.type == "cuda" and not args.disable_cuda_graph:
+            unsafe = [type(b).__name__ for b in (backends.attention, backends.gdn, backends.moe)
+                      if not getattr(b, "cuda_graph_safe", False)]
+            if unsafe:
+                logger.warning("CUDA graphs off: %s synchronise with the host in decode", ", ".join(unsafe))
+            else:
+                self.graph_runner = DecodeGraphRunner(self.model, self.pool, self.max_seq_len, args.cuda_graph_max_bs)
+                logger.info("captured decode CUDA graphs for batch sizes %s", self.graph_runner.buckets)
+
     def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch:
         return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device)
 
     @torch.inference_mode()
     def forward_batch(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
         """fp32 logits of each request's last token [B, V] (or of every token, [T, V])."""
+        if not all_logits and self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.replay(batch)
         return self.model(batch, self.pool, all_logits=all_logits)

@@ -20,6 +20,8 @@ from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step,
 class TorchGDNBackend:
     """Math is fp32 throughout; outputs come back in the input dtype and states in the pool dtype."""
 
+    cuda_graph_safe = True  # decode reads only device tensors (prefill is never captured)
+
     def conv_prefill(self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
         """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C]."""
         channels, width = weight.shape
