@@ -1,0 +1,92 @@
+"""The serving result block, in the layout sglang.bench_serving users read, and its JSON form."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    input_len: int
+    output_len: int
+    latency: float  # seconds, send to last byte
+    ttft: float  # seconds to the first token
+    itl: tuple[float, ...]  # seconds between consecutive token chunks
+    error: str = ""
+
+
+def _ms(xs: list[float]) -> tuple[float, float, float]:
+    """Mean, median and P99 in ms (0s when empty)."""
+    if not xs:
+        return 0.0, 0.0, 0.0
+    s = sorted(xs)
+    p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
+    return statistics.fmean(s) * 1e3, statistics.median(s) * 1e3, p99 * 1e3
+
+
+def summarize(results: list[RequestResult], duration: float, request_rate: float, max_concurrency: int | None) -> dict:
+    ok = [r for r in results if r.ok]
+    tin = sum(r.input_len for r in ok)
+    tout = sum(r.output_len for r in ok)
+    tpot = [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
+    out: dict = {
+        "request_rate": request_rate,
+        "max_concurrency": max_concurrency,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration": duration,
+        "total_input_tokens": tin,
+        "total_output_tokens": tout,
+        "request_throughput": len(ok) / duration,
+        "input_throughput": tin / duration,
+        "output_throughput": tout / duration,
+        "total_throughput": (tin + tout) / duration,
+        "concurrency": sum(r.latency for r in ok) / duration,
+    }
+    for name, xs in (("e2e_latency", [r.latency for r in ok]), ("ttft", [r.ttft for r in ok]), ("tpot", tpot),
+                     ("itl", [x for r in ok for x in r.itl])):
+        out[f"mean_{name}_ms"], out[f"median_{name}_ms"], out[f"p99_{name}_ms"] = _ms(xs)
+    return out
+
+
+_WIDTH = 50
+
+
+def render(title: str, rows: list[tuple[str, object] | str]) -> str:
+    """A result block: (label, value) rows, and section titles given as plain strings."""
+    lines = [f" {title} ".center(_WIDTH, "=")]
+    for row in rows:
+        if isinstance(row, str):
+            lines.append(f" {row} ".center(_WIDTH, "-"))
+        else:
+            label, value = row
+            lines.append(f"{label:<41}{value:.2f}" if isinstance(value, float) else f"{label:<41}{value}")
+    lines.append("=" * _WIDTH)
+    return "\n".join(lines)
+
+
+def format_block(s: dict, backend: str) -> str:
+    rows: list[tuple[str, object] | str] = [
+        ("Backend:", backend),
+        ("Traffic request rate:", s["request_rate"]),
+        ("Max request concurrency:", s["max_concurrency"] or "not set"),
+        ("Successful requests:", s["completed"]),
+        ("Failed requests:", s["failed"]),
+        ("Benchmark duration (s):", s["duration"]),
+        ("Total input tokens:", s["total_input_tokens"]),
+        ("Total generated tokens:", s["total_output_tokens"]),
+        ("Request throughput (req/s):", s["request_throughput"]),
+        ("Input token throughput (tok/s):", s["input_throughput"]),
+        ("Output token throughput (tok/s):", s["output_throughput"]),
+        ("Total token throughput (tok/s):", s["total_throughput"]),
+        ("Concurrency:", s["concurrency"]),
+    ]
+    for title, key, label in (("End-to-End Latency", "e2e_latency", "E2E Latency"),
+                              ("Time to First Token", "ttft", "TTFT"),
+                              ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
+                              ("Inter-Token Latency", "itl", "ITL")):
+        rows.append(title)
+        rows += [(f"{name} {label} (ms):", s[f"{stat}_{key}_ms"])
+                 for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99"))]
+    return render("Serving Benchmark Result", rows)

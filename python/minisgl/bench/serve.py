@@ -1,0 +1,90 @@
+"""`python -m minisgl.bench serve`: random prompts against an OpenAI-compatible /v1/completions
+(minisgl, SGLang or vLLM), streamed, at a request rate (Poisson arrivals) and/or a concurrency cap.
+Token counts come from the server's usage; timings from the arrival of streamed chunks."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+from tqdm import tqdm
+
+from minisgl.bench.dataset import BenchRequest
+from minisgl.bench.report import RequestResult
+
+REQUEST_TIMEOUT = 600.0  # seconds for one request; a benchmark never waits forever
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    base_url: str
+    model: str
+    request_rate: float  # requests/s; inf = all at once
+    max_concurrency: int | None
+    ignore_eos: bool
+    seed: int
+
+
+async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -> RequestResult:
+    body = {"model": cfg.model, "prompt": list(req.prompt_ids), "max_tokens": req.output_len, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
+    start = time.perf_counter()
+    stamps: list[float] = []
+    output_len = 0
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), (await r.aread()).decode()[:500])
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), str(chunk["error"]))
+                if chunk.get("usage"):
+                    output_len = chunk["usage"]["completion_tokens"]
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    stamps.append(time.perf_counter())
+    except httpx.HTTPError as e:
+        return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), f"{type(e).__name__}: {e}")
+    latency = time.perf_counter() - start
+    if not stamps:
+        return RequestResult(False, len(req.prompt_ids), output_len, latency, latency, (), "no tokens streamed")
+    itl = tuple(b - a for a, b in zip(stamps, stamps[1:]))
+    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl)
+
+
+async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True) -> tuple[list[RequestResult], float]:
+    """(per-request results in order, wall-clock duration)."""
+    rng = random.Random(cfg.seed)
+    limit = cfg.max_concurrency or len(reqs)
+    sem = asyncio.Semaphore(limit)
+    bar = tqdm(total=len(reqs), disable=not progress, desc="requests")
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    async with httpx.AsyncClient(base_url=cfg.base_url, timeout=REQUEST_TIMEOUT, limits=limits) as client:
+
+        async def guarded(req: BenchRequest) -> RequestResult:
+            async with sem:
+                res = await _one(client, cfg, req)
+            bar.update(1)
+            return res
+
+        start = time.perf_counter()
+        tasks = []
+        for req in reqs:
+            tasks.append(asyncio.create_task(guarded(req)))
+            if cfg.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(cfg.request_rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    bar.close()
+    return list(results), duration
+
+
+def served_model(base_url: str) -> tuple[str, str | None]:
+    """(the model id, its local path when the server says so: minisgl's and vLLM's `root`)."""
+    card = httpx.get(base_url + "/v1/models", timeout=30).raise_for_status().json()["data"][0]
+    return card["id"], card.get("root")
