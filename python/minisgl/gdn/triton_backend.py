@@ -1,0 +1,39 @@
+"""GDN backend on our Triton kernels: conv1d prefill/update and the in-place recurrent decode.
+
+Prefill's gated delta rule stays on the torch chunked reference: the triton backend needs nothing
+beyond triton, and `fla` (gdn/fla_backend.py) is the one that swaps in fla's chunked kernel. Each
+name means one fixed set of kernels, so a run's backend never depends on what happens to be installed.
+
+Padding differs from the torch reference in one defined way: a decode row whose slot is 0 gets a
+zero output and reads and writes no state, so slot 0 is never written (the torch backend computes
+such rows and scribbles on slot 0, which is scratch). Real requests carry distinct non-zero slots.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from minisgl.gdn.torch_backend import TorchGDNBackend
+from minisgl.kernels.conv1d import conv1d_prefill, conv1d_update
+from minisgl.kernels.gated_delta_decode import gated_delta_decode
+
+
+class TritonGDNBackend(TorchGDNBackend):
+    def conv_prefill(self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
+        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots)
+
+    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
+        return conv1d_update(x, weight, conv_state, slots)
+
+    def delta_decode(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        a: Tensor,
+        b: Tensor,
+        A_log: Tensor,
+        dt_bias: Tensor,
+        ssm_state: Tensor,
+        slots: Tensor,
+    ) -> Tensor:
+        return gated_delta_decode(q, k, v, a, b, A_log, dt_bias, ssm_state, slots)

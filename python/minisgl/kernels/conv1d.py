@@ -1,0 +1,188 @@
+"""Causal depthwise conv1d + SiLU over pooled per-request conv state (GDN's short convolution).
+
+The state of slot s holds the last W-1 pre-conv inputs, oldest first: conv_state[s, c, j], j < W-1.
+Output for a token with input x: silu(sum_j w[c, j] * seq[j]) where seq = (state..., x) for decode.
+Taps and state columns live in named scalars chosen by a KERNEL_WIDTH cascade (widths 2-4), so the
+compiler keeps them in registers instead of an indexed local array.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+SUPPORTED_WIDTHS = (2, 3, 4)
+
+
+@triton.jit
+def _silu(x):
+    return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _conv1d_update_kernel(
+    x_ptr, w_ptr, state_ptr, slot_ptr, out_ptr,
+    stride_x, stride_w, stride_slot, stride_c, stride_out, channels,
+    KERNEL_WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    cmask = cols < channels
+    # Padding rows (slot 0) mask every state access off, so they move no state bytes.
+    smask = cmask & (slot != 0)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=cmask, other=0.0).to(tl.float32)
+    w = w_ptr + cols * stride_w
+    st = state_ptr + slot * stride_slot + cols * stride_c
+    acc = x * tl.load(w + KERNEL_WIDTH - 1, mask=cmask, other=0.0).to(tl.float32)
+    if KERNEL_WIDTH == 4:
+        s0 = tl.load(st + 0, mask=smask, other=0.0)
+        s1 = tl.load(st + 1, mask=smask, other=0.0)
+        s2 = tl.load(st + 2, mask=smask, other=0.0)
+        acc += s0.to(tl.float32) * tl.load(w + 0, mask=cmask, other=0.0).to(tl.float32)
+        acc += s1.to(tl.float32) * tl.load(w + 1, mask=cmask, other=0.0).to(tl.float32)
+        acc += s2.to(tl.float32) * tl.load(w + 2, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(st + 0, s1, mask=smask)
+        tl.store(st + 1, s2, mask=smask)
+        tl.store(st + 2, x.to(s0.dtype), mask=smask)
+    elif KERNEL_WIDTH == 3:
+        s0 = tl.load(st + 0, mask=smask, other=0.0)
+        s1 = tl.load(st + 1, mask=smask, other=0.0)
+        acc += s0.to(tl.float32) * tl.load(w + 0, mask=cmask, other=0.0).to(tl.float32)
+        acc += s1.to(tl.float32) * tl.load(w + 1, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(st + 0, s1, mask=smask)
+        tl.store(st + 1, x.to(s0.dtype), mask=smask)
+    else:
+        s0 = tl.load(st + 0, mask=smask, other=0.0)
+        acc += s0.to(tl.float32) * tl.load(w + 0, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(st + 0, x.to(s0.dtype), mask=smask)
+    y = tl.where(slot != 0, _silu(acc), 0.0)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _seq_value(x_ptr, state_col_ptr, start, p, stride_x, cols, cmask, smask, KERNEL_WIDTH: tl.constexpr):
+    """Pre-conv input at position p of a request (a scalar): its token row when p >= 0, else the
+    state column W-1+p. Masked loads, so only one of the two touches memory."""
+    xv = tl.load(x_ptr + (start + p) * stride_x + cols, mask=cmask & (p >= 0), other=0.0)
+    sv = tl.load(state_col_ptr + (p + KERNEL_WIDTH - 1), mask=smask & (p < 0), other=0.0)
+    return xv.to(tl.float32) + sv.to(tl.float32)
+
+
+@triton.jit
+def _conv1d_prefill_kernel(
+    x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, out_ptr,
+    stride_x, stride_w, stride_slot, stride_c, stride_out, channels,
+    KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    block = tl.program_id(1)
+    req = tl.program_id(2)
+    start = tl.load(cu_ptr + req).to(tl.int64)
+    length = tl.load(cu_ptr + req + 1).to(tl.int64) - start
+    slot = tl.load(slot_ptr + req).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < channels
+    smask = cmask & (slot != 0)
+    t = block * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < length
+    state_cols = state_ptr + slot * stride_slot + cols * stride_c
+
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(KERNEL_WIDTH):
+        p = t + (j - (KERNEL_WIDTH - 1))  # input position feeding tap j
+        xm = (tmask & (p >= 0))[:, None] & cmask[None, :]
+        xv = tl.load(x_ptr + (start + p)[:, None] * stride_x + cols[None, :], mask=xm, other=0.0)
+        wj = tl.load(w_ptr + cols * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
+        acc += xv.to(tl.float32) * wj[None, :]
+    # Only the first block reaches back into the state (BLOCK_T >= W-1); the strided state gather
+    # stays out of every other block.
+    if block == 0:
+        for j in tl.static_range(KERNEL_WIDTH - 1):
+            p = t + (j - (KERNEL_WIDTH - 1))
+            sm = (tmask & (p < 0))[:, None] & smask[None, :]
+            sv = tl.load(state_cols[None, :] + (p + KERNEL_WIDTH - 1)[:, None], mask=sm, other=0.0)
+            wj = tl.load(w_ptr + cols * stride_w + j, mask=cmask, other=0.0).to(tl.float32)
+            acc += sv.to(tl.float32) * wj[None, :]
+    y = tl.where(slot != 0, _silu(acc), 0.0)
+    omask = tmask[:, None] & cmask[None, :]
+    tl.store(out_ptr + (start + t)[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=omask)
+
+    # Only block 0 reads the old state (BLOCK_T >= W-1), so it alone writes the final state, after a
+    # barrier that orders every thread's reads above before any write below.
+    if block == 0:
+        last = length - (KERNEL_WIDTH - 1)  # position of the oldest input the final window keeps
+        f0 = _seq_value(x_ptr, state_cols, start, last, stride_x, cols, cmask, smask, KERNEL_WIDTH)
+        if KERNEL_WIDTH >= 3:
+            f1 = _seq_value(x_ptr, state_cols, start, last + 1, stride_x, cols, cmask, smask, KERNEL_WIDTH)
+        if KERNEL_WIDTH >= 4:
+            f2 = _seq_value(x_ptr, state_cols, start, last + 2, stride_x, cols, cmask, smask, KERNEL_WIDTH)
+        tl.debug_barrier()
+        dtype = state_ptr.dtype.element_ty
+        tl.store(state_cols + 0, f0.to(dtype), mask=smask)
+        if KERNEL_WIDTH >= 3:
+            tl.store(state_cols + 1, f1.to(dtype), mask=smask)
+        if KERNEL_WIDTH >= 4:
+            tl.store(state_cols + 2, f2.to(dtype), mask=smask)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> int:
+    width = weight.shape[1]
+    if width not in SUPPORTED_WIDTHS:
+        raise ValueError(f"conv kernel width {width} unsupported; supported: {SUPPORTED_WIDTHS}")
+    if conv_state.shape[1:] != (x.shape[1], width - 1) or conv_state.stride(2) != 1:
+        raise ValueError(f"conv_state {tuple(conv_state.shape)} does not match x {tuple(x.shape)} and width {width}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a contiguous channel/tap dimension")
+    return width
+
+
+def conv1d_update(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    out: torch.Tensor | None = None,
+    block_c: int = 256,
+) -> torch.Tensor:
+    """x [B, C] (one token per request), weight [C, W], conv_state [S, C, W-1] -> [B, C] in x's dtype.
+    Shifts each slot's window by one in place; rows with slot 0 output zeros and touch no state."""
+    width = _check(x, weight, conv_state)
+    out = torch.empty_like(x) if out is None else out
+    batch, channels = x.shape
+    grid = (triton.cdiv(channels, block_c), batch)
+    _conv1d_update_kernel[grid](
+        x, weight, conv_state, slots, out,
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,
+        KERNEL_WIDTH=width, BLOCK_C=block_c,
+    )
+    return out
+
+
+def conv1d_prefill(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor,
+    slots: torch.Tensor,
+    out: torch.Tensor | None = None,
+    block_t: int = 64,
+    block_c: int = 128,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """x [T, C] varlen over requests delimited by cu_seqlens [B+1]; each request starts from its slot's
+    state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1)."""
+    width = _check(x, weight, conv_state)
+    if block_t < width - 1:
+        raise ValueError(f"block_t={block_t} must cover the {width - 1} state columns the first block reads")
+    out = torch.empty_like(x) if out is None else out
+    channels = x.shape[1]
+    batch = cu_seqlens.shape[0] - 1
+    # One host sync for the grid, as every varlen prefill needs its longest request.
+    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len, block_t), batch)
+    _conv1d_prefill_kernel[grid](
+        x, weight, conv_state, slots, cu_seqlens, out,
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,
+        KERNEL_WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps,
+    )
+    return out

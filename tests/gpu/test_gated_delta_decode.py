@@ -1,0 +1,75 @@
+"""Triton in-place gated-delta decode against TorchGDNBackend.delta_decode, tiny and 122B shapes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_checks import DEVICE, TOL, assert_close, others, poisoned, random_slots
+
+pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
+
+from minisgl.gdn.torch_backend import TorchGDNBackend
+from minisgl.kernels.gated_delta_decode import gated_delta_decode
+
+pytestmark = pytest.mark.gpu
+
+NUM_SLOTS = 12
+# (H, HV, K, V): the tiny test model's, and Qwen3.5-122B's GDN heads.
+SHAPES = [(2, 4, 32, 32), (16, 64, 128, 128)]
+
+
+@pytest.fixture(autouse=True)
+def seed() -> None:
+    torch.manual_seed(0)
+
+
+def decode_inputs(batch: int, h: int, hv: int, dk: int, dv: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """q, k, v as strided views of one fused row, exactly as the mixer slices its conv output."""
+    qkv = torch.randn(batch, 2 * h * dk + hv * dv, dtype=dtype, device=DEVICE)
+    return dict(
+        q=qkv[:, : h * dk].view(batch, h, dk),
+        k=qkv[:, h * dk : 2 * h * dk].view(batch, h, dk),
+        v=qkv[:, 2 * h * dk :].view(batch, hv, dv),
+        a=torch.randn(batch, hv, dtype=dtype, device=DEVICE),
+        b=torch.randn(batch, hv, dtype=dtype, device=DEVICE),
+        A_log=torch.linspace(0.01, 1.5, hv, device=DEVICE).log(),
+        dt_bias=torch.randn(hv, device=DEVICE),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gated_delta_decode(shape: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+    h, hv, dk, dv = shape
+    real = random_slots(6, NUM_SLOTS)
+    zero = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    slots = torch.cat([real[:3], zero, real[3:]])
+    inp = decode_inputs(slots.shape[0], h, hv, dk, dv, dtype)
+    state = torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE) * 0.5
+
+    ref_state = state.clone()
+    ref = TorchGDNBackend().delta_decode(**inp, ssm_state=ref_state, slots=slots)
+    ours_state = state.clone()
+    out = poisoned(slots.shape[0], hv, dv, dtype=dtype)
+    gated_delta_decode(**inp, ssm_state=ours_state, slots=slots, out=out)
+
+    live = slots != 0
+    assert_close(out[live], ref[live], TOL[dtype], "decode output")
+    assert (out[~live] == 0).all(), "padding rows must output zeros"
+    assert_close(ours_state[real], ref_state[real], 1e-3, "updated state")
+    untouched = others(real, NUM_SLOTS + 1)
+    assert torch.equal(ours_state[untouched], state[untouched]), "slots outside the batch (and slot 0) changed"
+
+
+@pytest.mark.parametrize("block_v,num_warps", [(16, 2), (64, 4), (128, 8)])
+def test_gated_delta_decode_tilings(block_v: int, num_warps: int) -> None:
+    """Every tiling the benchmark sweeps computes the same function."""
+    h, hv, dk, dv = SHAPES[1]
+    slots = random_slots(4, NUM_SLOTS)
+    inp = decode_inputs(4, h, hv, dk, dv, torch.float32)
+    state = torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE)
+    ref_state = state.clone()
+    ref = TorchGDNBackend().delta_decode(**inp, ssm_state=ref_state, slots=slots)
+    out = gated_delta_decode(**inp, ssm_state=state, slots=slots, block_v=block_v, num_warps=num_warps)
+    assert_close(out, ref, 1e-3, "decode output")
+    assert_close(state[slots], ref_state[slots], 1e-3, "updated state")

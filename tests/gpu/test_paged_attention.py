@@ -1,0 +1,124 @@
+"""Triton paged attention (split-KV decode, varlen extend) against TorchAttentionBackend."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernel_checks import DEVICE, TOL, assert_close, poisoned
+
+pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
+
+from minisgl.attention.registry import ATTENTION_BACKENDS
+from minisgl.attention.torch_backend import TorchAttentionBackend
+from minisgl.forward_batch import ForwardBatch
+from minisgl.kernels.paged_attention import paged_decode, paged_extend
+
+pytestmark = pytest.mark.gpu
+
+MAX_RUNNING = 6
+# (Hq, Hkv, D, page_size): tiny models' GQA 2:1 at small head dims, and 122B's 32:2 at D=256.
+CONFIGS = [(4, 2, 64, 16), (4, 2, 32, 64), (32, 2, 256, 16), (32, 2, 256, 64)]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def seed() -> None:
+    torch.manual_seed(0)
+
+
+@dataclass
+class Paged:
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    table: torch.Tensor
+    page_size: int
+
+
+def paged_pool(kv_heads: int, dim: int, page_size: int, max_len: int, dtype: torch.dtype) -> Paged:
+    """Random caches (so stray reads and writes show) and table rows of shuffled distinct pages;
+    the last row is the dummy, pointing at page 0."""
+    width = -(-max_len // page_size)
+    pages = MAX_RUNNING * width + 1
+    table = torch.zeros(MAX_RUNNING + 1, width, dtype=torch.int32, device=DEVICE)
+    table[:MAX_RUNNING] = (torch.randperm(pages - 1, device=DEVICE) + 1).view(MAX_RUNNING, width).int()
+    k = torch.randn(pages * page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
+    v = torch.randn(pages * page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
+    return Paged(k, v, table, page_size)
+
+
+def run_reference(pool: Paged, prefix: list[int], extend: list[int], heads: int, dtype: torch.dtype):
+    """Batch over slots 1..B, its q/k/v, and the reference output, with the new K/V written to the pool."""
+    tokens = [[0] * n for n in extend]
+    batch = ForwardBatch.build(tokens, prefix, list(range(1, len(prefix) + 1)), pool.table, pool.page_size, DEVICE)
+    kv_heads, dim = pool.k_cache.shape[1:]
+    q = torch.randn(batch.num_tokens, heads, dim, dtype=dtype, device=DEVICE)
+    k = torch.randn(batch.num_tokens, kv_heads, dim, dtype=dtype, device=DEVICE)
+    v = torch.randn(batch.num_tokens, kv_heads, dim, dtype=dtype, device=DEVICE)
+    ref = TorchAttentionBackend().forward(
+        q, k, v, pool.k_cache, pool.v_cache, batch, pool.table, pool.page_size, dim**-0.5
+    )
+    return batch, (q, k, v), ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_paged_decode(config: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+    heads, kv_heads, dim, page_size = config
+    prefix = [0, 1, 63, 64, 300, 1000]  # page boundaries, a first token, a long context
+    pool = paged_pool(kv_heads, dim, page_size, 1024, dtype)
+    batch, (q, _, _), ref = run_reference(pool, prefix, [1] * len(prefix), heads, dtype)
+    k_before, v_before = pool.k_cache.clone(), pool.v_cache.clone()
+    for splits in (None, 1, 7):
+        out = paged_decode(
+            q, pool.k_cache, pool.v_cache, pool.table, batch.table_rows, batch.seq_lens, page_size, dim**-0.5,
+            out=poisoned(*q.shape, dtype=dtype), num_splits=splits,
+        )
+        assert_close(out, ref, TOL[dtype], f"decode output, {splits} splits")
+    assert torch.equal(pool.k_cache, k_before) and torch.equal(pool.v_cache, v_before), "decode wrote the cache"
+
+
+def test_paged_decode_padding_rows() -> None:
+    """A padded row (dummy table row, length 0) outputs zeros, not NaN, and leaves real rows alone."""
+    pool = paged_pool(2, 64, 16, 256, torch.float32)
+    batch, (q, _, _), ref = run_reference(pool, [10, 200], [1, 1], 4, torch.float32)
+    rows = torch.cat([batch.table_rows, torch.tensor([MAX_RUNNING], device=DEVICE)])
+    lens = torch.cat([batch.seq_lens, torch.zeros(1, dtype=torch.int32, device=DEVICE)])
+    q = torch.cat([q, torch.randn(1, 4, 64, device=DEVICE)])
+    out = poisoned(*q.shape, dtype=q.dtype)
+    paged_decode(q, pool.k_cache, pool.v_cache, pool.table, rows, lens, 16, 64**-0.5, out=out)
+    assert_close(out[:2], ref, 1e-3, "real rows")
+    assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", CONFIGS)
+def test_paged_extend(config: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+    heads, kv_heads, dim, page_size = config
+    prefix = [0, 0, 17, 64, 250, 3]
+    extend = [1, 70, 5, 64, 130, 1]  # fresh prefills, chunked extends over a cached prefix, decodes mixed in
+    pool = paged_pool(kv_heads, dim, page_size, 512, dtype)
+    batch, (q, _, _), ref = run_reference(pool, prefix, extend, heads, dtype)
+    k_before = pool.k_cache.clone()
+    out = paged_extend(
+        q, pool.k_cache, pool.v_cache, pool.table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
+        max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=dtype),
+    )
+    assert_close(out, ref, TOL[dtype], "extend output")
+    assert torch.equal(pool.k_cache, k_before), "extend wrote the cache"
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_triton_backend(decode: bool) -> None:
+    """The registered backend writes the new K/V exactly where the reference does and agrees with it."""
+    heads, kv_heads, dim, page_size = CONFIGS[2]
+    prefix = [5, 100, 0]
+    extend = [1, 1, 1] if decode else [3, 40, 9]
+    pool = paged_pool(kv_heads, dim, page_size, 256, torch.bfloat16)
+    k0, v0 = pool.k_cache.clone(), pool.v_cache.clone()
+    batch, (q, k, v), ref = run_reference(pool, prefix, extend, heads, torch.bfloat16)
+    backend = ATTENTION_BACKENDS.get("triton")()
+    out = backend.forward(q, k, v, k0, v0, batch, pool.table, page_size, dim**-0.5)
+    assert torch.equal(k0, pool.k_cache) and torch.equal(v0, pool.v_cache), "cache writes differ from the reference"
+    assert_close(out, ref, TOL[torch.bfloat16], "backend output")
