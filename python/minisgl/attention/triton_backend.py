@@ -9,6 +9,8 @@ from minisgl.kernels.paged_attention import paged_decode, paged_extend
 
 
 class TritonAttentionBackend:
+    cuda_graph_safe = True  # decode reads only device tensors (seq_lens, table rows)
+
     def forward(
         self,
         q: torch.Tensor,  # [T, Hq, D]
