@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
+from minisgl.afd.instrument import StepMarks, make_timer
 from minisgl.afd.protocol import AgPlan, ReqStep, Reply
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
@@ -26,12 +27,15 @@ class Launched:
     rids: list[str]
     tokens: torch.Tensor  # sampled on the device
     done: torch.cuda.Event | None
+    marks: StepMarks | None = None
 
 
 class AttentionWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.name = spec.name
-        args = replace(with_model_path(spec.engine_args), device=spec.device)
+        # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
+        # capture in lock-step, which is not built yet.
+        args = replace(with_model_path(spec.engine_args), device=spec.device, disable_cuda_graph=True)
         config = load_config(args.model_path)
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
         device = torch.device(spec.device)
@@ -53,6 +57,10 @@ class AttentionWorker:
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
         self.samplers: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
         self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
+        self.timer = make_timer(
+            spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
+            attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
+        )
 
     # -- pool updates ---------------------------------------------------------------------------
     def _apply(self, plan: AgPlan) -> None:
@@ -80,10 +88,11 @@ class AttentionWorker:
         return batch
 
     # -- the forward ----------------------------------------------------------------------------
-    def _forward(self, batches: list[ForwardBatch | None]) -> list[torch.Tensor | None]:
+    def _forward(self, batches: list[ForwardBatch | None], marks: StepMarks | None = None) -> list[torch.Tensor | None]:
         """Micro-batch ping-pong: while the experts run micro-batch i of layer l, this worker
-        computes micro-batch i+1 of layer l. Empty micro-batches still join every exchange."""
-        if len(batches) == 1 and batches[0] is not None:
+        computes micro-batch i+1 of layer l. Empty micro-batches still join every exchange.
+        With marks (layer timing on), one micro-batch also takes this loop, which marks each layer."""
+        if len(batches) == 1 and batches[0] is not None and marks is None:
             return [self.model(batches[0], self.pool)]
         hidden = self.model.config.hidden_size
         empty = torch.empty(0, hidden, dtype=self.engine.dtype, device=self.last_token.device)
@@ -91,28 +100,45 @@ class AttentionWorker:
         for mb, b in enumerate(batches):
             if b is not None:
                 xs[mb], ctxs[mb] = self.model.embed(b, self.pool)
+        if marks is not None:
+            marks.mark(-1, -1, "embedded")
         inflight: dict[int, InFlight] = {}
-        for layer in self.model.layers:
+        for l, layer in enumerate(self.model.layers):
             for mb, b in enumerate(batches):
                 if mb in inflight:
                     xs[mb] = resid[mb] + layer.mlp.combine(inflight.pop(mb))
+                if marks is not None:
+                    marks.mark(l, mb, "combined")
                 if b is None:
                     resid[mb], y = empty, empty
                 else:
                     resid[mb], y = layer.mixer_half(xs[mb], ctxs[mb])
                 inflight[mb] = layer.mlp.dispatch(y, mb)
+                if marks is not None:
+                    marks.mark(l, mb, "dispatched")
         out: list[torch.Tensor | None] = []
         for mb, b in enumerate(batches):
             x = resid[mb] + layer.mlp.combine(inflight.pop(mb))
+            if marks is not None:
+                marks.mark(len(self.model.layers), mb, "combined")
             out.append(None if b is None else self.model.logits(x, b))
+            if marks is not None:
+                marks.mark(len(self.model.layers), mb, "logits")
         return out
 
     @torch.inference_mode()
     def launch(self, plan: AgPlan) -> Launched:
         self._apply(plan)
         self.step_state.bucket = plan.bucket
+        marks = None
+        if self.timer is not None:
+            marks = self.timer.start(
+                plan.step, decode=all(r.tokens is None for mb in plan.micro_batches for r in mb),
+                mb_tokens=[sum(r.extend_len for r in mb) for mb in plan.micro_batches],
+                contexts=[[r.prefix_len + r.extend_len for r in mb] for mb in plan.micro_batches],
+            )
         batches = [self._batch(mb) if mb else None for mb in plan.micro_batches]
-        logits = self._forward(batches)
+        logits = self._forward(batches, marks)
         rows, rids, slots = [], [], []
         for mb, reqs in enumerate(plan.micro_batches):
             for i, r in enumerate(reqs):
@@ -126,13 +152,17 @@ class AttentionWorker:
             params, gens = zip(*(self.samplers[s] for s in slots))
             tokens = sample_tensor(torch.stack(rows), list(params), list(gens))
             self.last_token[torch.tensor(slots, device=device)] = tokens
+        if marks is not None:
+            marks.mark(-1, -1, "end")
         done = None
         if device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return Launched(plan.step, rids, tokens.to("cpu", non_blocking=True), done)
+        return Launched(plan.step, rids, tokens.to("cpu", non_blocking=True), done, marks)
 
     def retire(self, launched: Launched) -> Reply:
         if launched.done is not None:
             launched.done.synchronize()
+        if launched.marks is not None:
+            self.timer.write(launched.marks)
         return Reply(launched.step, self.name, tuple(zip(launched.rids, launched.tokens.tolist())))
