@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.minisgl-installed
 
-.PHONY: demo test install clean
+.PHONY: demo serve test install clean
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -18,6 +18,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32 --ignore-eos
+
+# OpenAI-compatible server on 127.0.0.1:30000 (the embedded tiny model unless ARGS names one).
+serve: $(STAMP)
+	$(VPY) -m minisgl serve $(ARGS)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(VPY) -m pytest -q tests

@@ -30,4 +30,4 @@ def test_bench_offline(tmp_path, capsys) -> None:
           "--context-length", "64", "--page-size", "16", "--output-json", str(out)])
     assert "Offline Throughput Result" in capsys.readouterr().out
     figures = json.loads(out.read_text())
-    assert figures["num_requests"] == 6 and figures["total_output_tokens"] == 18 and figures["total_input_tokens"] == 60
+    assert figures["completed"] == 6 and figures["total_output_tokens"] == 18 and figures["total_input_tokens"] == 60

@@ -25,23 +25,27 @@ def _ms(xs: list[float]) -> tuple[float, float, float]:
     return statistics.fmean(s) * 1e3, statistics.median(s) * 1e3, p99 * 1e3
 
 
+def throughput(completed: int, input_tokens: int, output_tokens: int, duration: float) -> dict:
+    return {
+        "completed": completed,
+        "duration": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "request_throughput": completed / duration,
+        "input_throughput": input_tokens / duration,
+        "output_throughput": output_tokens / duration,
+        "total_throughput": (input_tokens + output_tokens) / duration,
+    }
+
+
 def summarize(results: list[RequestResult], duration: float, request_rate: float, max_concurrency: int | None) -> dict:
     ok = [r for r in results if r.ok]
-    tin = sum(r.input_len for r in ok)
-    tout = sum(r.output_len for r in ok)
     tpot = [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
-    out: dict = {
+    out = {
         "request_rate": request_rate,
         "max_concurrency": max_concurrency,
-        "completed": len(ok),
         "failed": len(results) - len(ok),
-        "duration": duration,
-        "total_input_tokens": tin,
-        "total_output_tokens": tout,
-        "request_throughput": len(ok) / duration,
-        "input_throughput": tin / duration,
-        "output_throughput": tout / duration,
-        "total_throughput": (tin + tout) / duration,
+        **throughput(len(ok), sum(r.input_len for r in ok), sum(r.output_len for r in ok), duration),
         "concurrency": sum(r.latency for r in ok) / duration,
     }
     for name, xs in (("e2e_latency", [r.latency for r in ok]), ("ttft", [r.ttft for r in ok]), ("tpot", tpot),
@@ -66,13 +70,9 @@ def render(title: str, rows: list[tuple[str, object] | str]) -> str:
     return "\n".join(lines)
 
 
-def format_block(s: dict, backend: str) -> str:
-    rows: list[tuple[str, object] | str] = [
-        ("Backend:", backend),
-        ("Traffic request rate:", s["request_rate"]),
-        ("Max request concurrency:", s["max_concurrency"] or "not set"),
+def throughput_rows(s: dict) -> list[tuple[str, object] | str]:
+    return [
         ("Successful requests:", s["completed"]),
-        ("Failed requests:", s["failed"]),
         ("Benchmark duration (s):", s["duration"]),
         ("Total input tokens:", s["total_input_tokens"]),
         ("Total generated tokens:", s["total_output_tokens"]),
@@ -80,6 +80,16 @@ def format_block(s: dict, backend: str) -> str:
         ("Input token throughput (tok/s):", s["input_throughput"]),
         ("Output token throughput (tok/s):", s["output_throughput"]),
         ("Total token throughput (tok/s):", s["total_throughput"]),
+    ]
+
+
+def format_block(s: dict, backend: str) -> str:
+    rows: list[tuple[str, object] | str] = [
+        ("Backend:", backend),
+        ("Traffic request rate:", s["request_rate"]),
+        ("Max request concurrency:", s["max_concurrency"] or "not set"),
+        ("Failed requests:", s["failed"]),
+        *throughput_rows(s),
         ("Concurrency:", s["concurrency"]),
     ]
     for title, key, label in (("End-to-End Latency", "e2e_latency", "E2E Latency"),

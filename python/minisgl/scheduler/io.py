@@ -34,7 +34,8 @@ class RequestOutput:
     """What one step changed for one request: the tokens it produced and, once, how it ended.
 
     prompt_logprobs is sent once, with the first output, aligned to the prompt (the first
-    position has no logprob: None). error is set when the request was rejected; it never ran."""
+    position has no logprob: None). error is set when the request was rejected; it never ran.
+    text is the new text; schedulers leave it empty and the server's detokenizer fills it in."""
 
     rid: str
     new_token_ids: tuple[int, ...] = ()
@@ -45,6 +46,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    text: str = ""
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from minisgl.server.messages import TextOutput
+from minisgl.scheduler.io import RequestOutput
 from minisgl.server.openai_types import ChatCompletionRequest
 from minisgl.server.serving import ApiError, Choice, ServingContext, created, new_id, respond, usage
 from minisgl.tokenizer.chat import render_chat
@@ -44,7 +44,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
         c = Choice(j, f"{cid}-{j}", tuple(ids), params)
         states[c.rid] = _State(c)
 
-    def delta(o: TextOutput) -> dict[str, Any]:
+    def delta(o: RequestOutput) -> dict[str, Any]:
         st = states[o.rid]
         d: dict[str, Any] = {
             "index": st.choice.index,

@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.scheduler.io import FINISH_LENGTH
-from minisgl.server.messages import TextOutput
+from minisgl.scheduler.io import FINISH_LENGTH, RequestOutput
 from minisgl.server.openai_types import CompletionRequest
 from minisgl.server.serving import (
     ApiError,
@@ -71,7 +70,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
             states[c.rid] = _State(c, text)
     choices = [s.choice for s in states.values()]
 
-    def delta(o: TextOutput) -> dict[str, Any]:
+    def delta(o: RequestOutput) -> dict[str, Any]:
         st = states[o.rid]
         text = o.text
         entries = [(e.token_id, e) for e in o.logprobs]

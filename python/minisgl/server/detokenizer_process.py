@@ -2,12 +2,14 @@
 strings held back and cut) and forwards everything else from the engine unchanged, in order."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.scheduler.io import RequestOutput
 from minisgl.server.channel import Addresses, Receiver, Sender
 from minisgl.server.child import parent_alive, setup_child
-from minisgl.server.messages import TextBatch, TextOutput, TokenBatch
+from minisgl.server.messages import TextBatch, TokenBatch
 from minisgl.tokenizer.detokenizer import TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -24,22 +26,10 @@ class Detokenizer:
             self.streams[rid] = TextStream(self.tokenizer, spec.skip_special_tokens, spec.stop)
         return TextBatch(tuple(self._one(o) for o in batch.outputs))
 
-    def _one(self, o: RequestOutput) -> TextOutput:
+    def _one(self, o: RequestOutput) -> RequestOutput:
         # A rejected request (o.error) never had a stream.
         stream = self.streams.pop(o.rid, None) if o.finished else self.streams.get(o.rid)
-        text = stream.push(o.new_token_ids, o.finished) if stream is not None else ""
-        return TextOutput(
-            rid=o.rid,
-            text=text,
-            token_ids=o.new_token_ids,
-            logprobs=o.logprobs,
-            prompt_logprobs=o.prompt_logprobs,
-            finish_reason=o.finish_reason,
-            matched_stop=o.matched_stop,
-            num_prompt_tokens=o.num_prompt_tokens,
-            num_output_tokens=o.num_output_tokens,
-            error=o.error,
-        )
+        return replace(o, text=stream.push(o.new_token_ids, o.finished)) if stream is not None else o
 
 
 def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int, log_level: str) -> None:

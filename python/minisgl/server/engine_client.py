@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from multiprocessing.process import BaseProcess
 from typing import Callable
 
-from minisgl.scheduler.io import GenerateRequest, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.server.channel import Addresses, AsyncReceiver, PeerGone, Sender
-from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch, TextOutput
+from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class EngineClient:
         self._procs = procs
         self._watchdog_timeout = watchdog_timeout
         self._on_stats = on_stats
-        self._routes: dict[str, asyncio.Queue[TextOutput | EngineUnavailable]] = {}
+        self._routes: dict[str, asyncio.Queue[RequestOutput | EngineUnavailable]] = {}
         self._ready = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._tasks: list[asyncio.Task] = []
@@ -85,10 +85,10 @@ class EngineClient:
             raise EngineUnavailable("the engine is still starting")
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, reqs: list[GenerateRequest]) -> asyncio.Queue[TextOutput | EngineUnavailable]:
+    def submit(self, reqs: list[GenerateRequest]) -> asyncio.Queue[RequestOutput | EngineUnavailable]:
         """Send reqs; their outputs (all of them) arrive on the returned queue."""
         self.check_alive()
-        q: asyncio.Queue[TextOutput | EngineUnavailable] = asyncio.Queue()
+        q: asyncio.Queue[RequestOutput | EngineUnavailable] = asyncio.Queue()
         try:
             for r in reqs:
                 self._routes[r.rid] = q
@@ -114,8 +114,8 @@ class EngineClient:
         return self.abort([rid for rid in self._routes if rid == request_id or rid.startswith(request_id + "-")])
 
     async def outputs(
-        self, q: asyncio.Queue[TextOutput | EngineUnavailable], rids: list[str]
-    ) -> AsyncIterator[TextOutput]:
+        self, q: asyncio.Queue[RequestOutput | EngineUnavailable], rids: list[str]
+    ) -> AsyncIterator[RequestOutput]:
         """Outputs for rids, as they come, until each has finished."""
         left = set(rids)
         while left:

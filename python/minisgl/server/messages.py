@@ -40,28 +40,8 @@ class TokenBatch:
 
 
 @dataclass(frozen=True)
-class TextOutput:
-    """A RequestOutput with its text delta; logprobs stay token ids (the API server renders them)."""
-
-    rid: str
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprob, ...]
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None
-    finish_reason: str | None
-    matched_stop: str | int | None
-    num_prompt_tokens: int
-    num_output_tokens: int
-    error: str | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True)
 class TextBatch:
-    outputs: tuple[TextOutput, ...]
+    outputs: tuple[RequestOutput, ...]  # with `text` filled in
 
 
 @dataclass(frozen=True)
@@ -88,7 +68,7 @@ _TYPES: dict[str, type] = {
     t.__name__: t
     for t in (
         SamplingParams, GenerateRequest, TokenLogprob, RequestOutput, SchedulerInfo, SchedulerStats,
-        AbortRequest, DetokSpec, TokenBatch, TextOutput, TextBatch, EngineReady, EngineStats, EngineDead,
+        AbortRequest, DetokSpec, TokenBatch, TextBatch, EngineReady, EngineStats, EngineDead,
     )
 }
 

@@ -5,8 +5,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minisgl.scheduler.io import SchedulerStats
-from minisgl.server.messages import TextOutput
+from minisgl.scheduler.io import RequestOutput, SchedulerStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -60,16 +59,16 @@ class RequestTimer:
         self.start = time.perf_counter()
         self._last: dict[str, float] = {}  # rid -> time of its latest tokens
 
-    def on_output(self, o: TextOutput) -> None:
+    def on_output(self, o: RequestOutput) -> None:
         now = time.perf_counter()
         m = self.metrics
-        if o.token_ids:
+        if o.new_token_ids:
             last = self._last.get(o.rid)
             if last is None:
                 m.ttft.observe(now - self.start)
             else:
-                for _ in o.token_ids:  # tokens that arrive together share the gap
-                    m.itl.observe((now - last) / len(o.token_ids))
+                for _ in o.new_token_ids:  # tokens that arrive together share the gap
+                    m.itl.observe((now - last) / len(o.new_token_ids))
             self._last[o.rid] = now
         if o.finished:
             m.prompt_tokens.inc(o.num_prompt_tokens)

@@ -17,10 +17,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, SchedulerInfo
+from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
 from minisgl.server.engine_client import EngineClient, EngineUnavailable
 from minisgl.server.logprob_format import LogprobFormatter
-from minisgl.server.messages import TextOutput
 from minisgl.server.metrics import RequestTimer, ServerMetrics
 from minisgl.server.openai_types import SamplingFields
 from minisgl.tokenizer.token_text import TokenTexts
@@ -136,7 +135,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def run_choices(ctx: ServingContext, choices: list[Choice]) -> AsyncIterator[TextOutput]:
+async def run_choices(ctx: ServingContext, choices: list[Choice]) -> AsyncIterator[RequestOutput]:
     """Outputs of every choice as they come. Closing the iterator early aborts the rest."""
     timer = RequestTimer(ctx.metrics)
     rids = [c.rid for c in choices]
@@ -161,7 +160,7 @@ async def _until_disconnect(raw: Request) -> None:
         pass
 
 
-ChunkFn = Callable[[TextOutput], dict[str, Any]]
+ChunkFn = Callable[[RequestOutput], dict[str, Any]]
 
 
 def _stream(
@@ -186,7 +185,7 @@ def _stream(
 
 
 async def _collect(
-    ctx: ServingContext, raw: Request, choices: list[Choice], on_output: Callable[[TextOutput], None]
+    ctx: ServingContext, raw: Request, choices: list[Choice], on_output: Callable[[RequestOutput], None]
 ) -> None:
     """Feed every output to on_output; abort everything if the client disconnects first."""
 
