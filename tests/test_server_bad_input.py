@@ -32,6 +32,7 @@ def _expect(server: Server, path: str, status: int, match: str, **kw) -> None:
         ({**GOOD, "top_k": -5}, "top_k"),
         ({**GOOD, "n": 0}, "n:"),
         ({**GOOD, "n": 10**6}, "n:"),
+        ({**GOOD, "prompt": ["a"] * 20, "n": 100}, "exceeds 1024 choices"),
         ({**GOOD, "logprobs": 99}, "logprobs"),
         ({**GOOD, "stop": [""]}, "stop strings"),
         ({**GOOD, "stop": 5}, "stop"),

@@ -9,7 +9,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from minisgl.scheduler.io import FINISH_LENGTH, RequestOutput
-from minisgl.server.openai_types import CompletionRequest
+from minisgl.server.openai_types import MAX_CHOICES, CompletionRequest
 from minisgl.server.serving import (
     ApiError,
     Choice,
@@ -49,6 +49,8 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     ctx: ServingContext = raw.app.state.ctx
     ctx.check_request(body)
     prompts = _prompts(ctx, body.prompt)
+    if len(prompts) * body.n > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompts)} prompts x n={body.n} exceeds {MAX_CHOICES} choices per request", "n")
     echo_logprobs = body.echo and body.logprobs is not None
     prompt_logprobs = body.prompt_logprobs
     if echo_logprobs:  # echo with logprobs scores the prompt tokens too

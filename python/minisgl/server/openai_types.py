@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minisgl.sampling_params import MAX_LOGPROBS
 
-MAX_N = 128  # choices per request
+MAX_N = 128  # choices per prompt
+MAX_CHOICES = 1024  # choices per request, over a batch of prompts
 TokenIds = list[int]
 
 
