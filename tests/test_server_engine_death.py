@@ -58,3 +58,21 @@ def test_engine_killed_under_load(tmp_path, _isolated_cache) -> None:
         assert health.status_code == 503 and "engine" in health.json()["error"]["message"]
         assert server.get("/server_info").json()["dead_reason"]
         assert server.proc.poll() is None, "the API server stays up to report the failure"
+
+
+@pytest.mark.load
+def test_hung_engine_is_stopped_by_the_watchdog(tmp_path, _isolated_cache) -> None:
+    """A frozen engine (SIGSTOP) keeps its process alive, so only the missing heartbeat shows it."""
+    with running_server(tmp_path, *SERVER_FLAGS, "--watchdog-timeout", "3") as server:
+        pid = server.get("/server_info").json()["engine_pid"]
+        with httpx.Client(base_url=server.url, timeout=DEATH_TIMEOUT) as client:
+            with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                os.kill(pid, signal.SIGSTOP)
+                start = time.monotonic()
+                last = [line for line in lines if line.startswith("data: ") and line != "data: [DONE]"][-1]
+            waited = time.monotonic() - start
+        assert waited < DEATH_TIMEOUT
+        assert "no progress" in json.loads(last[6:])["error"]["message"]
+        assert server.post("/v1/completions", json={**BODY, "max_tokens": 2}).status_code == 503
