@@ -116,6 +116,12 @@ def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI, model: str) ->
         entry = plp[pos]
         assert 1 <= len(entry) <= 3 and all(math.isfinite(v["logprob"]) for v in entry.values())
         assert any(v["logprob"] == pytest.approx(c.logprobs.token_logprobs[pos]) for v in entry.values())
+    # What minisgl.tools.align sends: token ids in, and vLLM's return_token_ids to check them.
+    ids = list(range(40, 60))
+    scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True,
+                                       extra_body={"prompt_logprobs": 1, "return_token_ids": True}).choices[0]
+    assert scored.model_extra["prompt_token_ids"] == ids and scored.model_extra["token_ids"] == []
+    assert all(str(ids[p]) in scored.model_extra["prompt_logprobs"][p] for p in range(1, len(ids)))
     # A prompt can be scored with echo alone, and without any logprobs it is just echoed back.
     plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True)
     assert plain.choices[0].text == PROMPT and plain.usage.completion_tokens == 0

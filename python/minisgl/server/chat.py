@@ -46,17 +46,16 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
 
     def delta(o: RequestOutput) -> dict[str, Any]:
         st = states[o.rid]
-        d: dict[str, Any] = {
+        first, st.started = not st.started, True
+        st.completion_tokens = o.num_output_tokens
+        return {
             "index": st.choice.index,
-            "delta": {"content": o.text} if st.started else {"role": "assistant", "content": o.text},
+            "delta": {"role": "assistant", "content": o.text} if first else {"content": o.text},
             "logprobs": {"content": ctx.formatter.chat(o.logprobs)} if body.logprobs else None,
             "finish_reason": o.finish_reason,
             "stop_reason": o.matched_stop,
+            **ctx.extensions(body, st.choice, o, first),
         }
-        if body.prompt_logprobs is not None and o.prompt_logprobs is not None:
-            d["prompt_logprobs"] = ctx.formatter.prompt(o.prompt_logprobs)
-        st.started, st.completion_tokens = True, o.num_output_tokens
-        return d
 
     def total_usage() -> dict[str, int]:
         return usage(len(ids), sum(s.completion_tokens for s in states.values()))

@@ -74,22 +74,20 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
 
     def delta(o: RequestOutput) -> dict[str, Any]:
         st = states[o.rid]
+        first, st.started = not st.started, True
         text = o.text
         entries = [(e.token_id, e) for e in o.logprobs]
-        if body.echo and not st.started:
+        if body.echo and first:
             text = st.prompt_text + text
             if echo_logprobs and o.prompt_logprobs is not None:
                 entries = list(zip(st.choice.prompt_ids, o.prompt_logprobs)) + entries
-        st.started = True
         d: dict[str, Any] = {"index": st.choice.index, "text": text, "logprobs": None,
                              "finish_reason": o.finish_reason, "stop_reason": o.matched_stop}
         if body.logprobs is not None:
             d["logprobs"] = ctx.formatter.completion(entries, st.offset)
             st.offset += sum(len(t) for t in d["logprobs"]["tokens"])
-        if body.prompt_logprobs is not None and o.prompt_logprobs is not None:
-            d["prompt_logprobs"] = ctx.formatter.prompt(o.prompt_logprobs)
         st.completion_tokens = o.num_output_tokens
-        return d
+        return {**d, **ctx.extensions(body, st.choice, o, first)}
 
     def total_usage() -> dict[str, int]:
         return usage(prompt_tokens, sum(s.completion_tokens for s in states.values()))

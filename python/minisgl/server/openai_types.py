@@ -1,5 +1,5 @@
 """Request bodies of the OpenAI-compatible API (with vLLM/SGLang's common extensions: top_k,
-stop_token_ids, ignore_eos, skip_special_tokens, prompt_logprobs). Unknown fields are ignored, as
+stop_token_ids, ignore_eos, skip_special_tokens, prompt_logprobs, return_token_ids). Unknown fields are ignored, as
 vLLM does. Responses are built as plain dicts in responses.py."""
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    return_token_ids: bool = False  # vLLM: token_ids per choice, prompt_token_ids once
     # Accepted for compatibility; anything but the neutral value is rejected with a message.
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

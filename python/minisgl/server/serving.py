@@ -131,6 +131,18 @@ class ServingContext:
             raise ApiError(400, str(e)) from None
 
 
+    def extensions(self, body: SamplingFields, choice: Choice, o: RequestOutput, first: bool) -> dict[str, Any]:
+        """vLLM's extra choice fields, when asked for: prompt_logprobs, prompt_token_ids, token_ids."""
+        out: dict[str, Any] = {}
+        if body.prompt_logprobs is not None and o.prompt_logprobs is not None:
+            out["prompt_logprobs"] = self.formatter.prompt(o.prompt_logprobs)
+        if body.return_token_ids:
+            out["token_ids"] = list(o.new_token_ids)
+            if first:
+                out["prompt_token_ids"] = list(choice.prompt_ids)
+        return out
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
