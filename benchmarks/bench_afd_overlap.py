@@ -5,7 +5,7 @@ pickled size of one step's plans.
 
     python benchmarks/bench_afd_overlap.py [--batch 128] [--steps 16] [--moe-intermediate 1536]
 
-Keep the experts' weights cache-resident (the default 1536 is ~9 MiB per layer in fp32): ping-pong
+Keep the experts' weights cache-resident (the default 1536 gives 19 MB per layer in fp32): ping-pong
 runs each layer's experts once per micro-batch, so when a layer's weights spill out of the last-level
 cache the second pass re-reads them from memory and mb=2 loses, as it does on a GPU at small batch.
 """
