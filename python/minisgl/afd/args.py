@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.afd.mb_split import MB_SPLITS
+
 LAUNCHERS = ("local", "ray")
 DISPATCH_DTYPES = ("bf16", "fp8")
 
@@ -20,6 +22,8 @@ class AfdArgs:
     attn_tp_size: int = 1
     step_timeout_s: float = 60.0  # the longest the coordinator waits for one step's replies
     cpu_threads: int = 1  # torch threads per worker process on the CPU
+    mb_split: str = "count"  # "count" | "context": balance full-attention context across micro-batches
+    layer_timing_dir: str | None = None  # per-layer timing JSON per step and worker here; None = off, no cost
 
     def __post_init__(self) -> None:
         if self.attn_workers < 1:
@@ -36,6 +40,10 @@ class AfdArgs:
             raise ValueError(f"--afd-launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
         if self.attn_tp_size != 1:
             raise ValueError("tensor parallelism inside an attention worker (--afd-attn-tp-size > 1) is not supported yet")
+        if self.mb_split not in MB_SPLITS:
+            raise ValueError(f"--afd-mb-split must be one of {MB_SPLITS}, got {self.mb_split!r}")
+        if self.layer_timing_dir is not None and not self.layer_timing_dir.strip():
+            raise ValueError("--afd-layer-timing-dir must be a directory path (leave it unset to turn timing off)")
         if self.step_timeout_s <= 0:
             raise ValueError(f"--afd-step-timeout-s must be > 0, got {self.step_timeout_s}")
 

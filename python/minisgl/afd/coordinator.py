@@ -3,7 +3,8 @@ so the server and the offline LLM drive it like the colocated Scheduler).
 
 Each step it plans every lane (decodes, then prefill chunks within the budget, admitting waiting
 requests round-robin across lanes while a lane's allocator can reserve their pages and a slot),
-splits each lane's requests evenly into micro-batches, agrees one dispatch bucket for all ranks,
+splits each lane's requests into micro-batches (evenly by count, or balancing attention context;
+`--afd-mb-split`), agrees one dispatch bucket for all ranks,
 and sends one plan to every worker. It runs `lead = K + 1` steps ahead of the replies: decode
 inputs stay on the workers' devices, so it never needs step t's tokens to plan step t + 1. Finish
 detection therefore lags; tokens sampled after a request finished are dropped, and its slot is
@@ -24,6 +25,7 @@ import zmq
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher, worker_devices
+from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep, Shutdown
 from minisgl.afd.worker import ATTN, EXPERT, WorkerFailed, WorkerSpec
 from minisgl.engine.args import EngineArgs
@@ -57,17 +59,6 @@ class Lane:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _split(items: list, parts: int) -> list[list]:
-    """Contiguous, as even as possible (sizes differ by at most one)."""
-    q, r = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        n = q + (i < r)
-        out.append(items[start : start + n])
-        start += n
-    return out
 
 
 class Coordinator:
@@ -286,7 +277,8 @@ class Coordinator:
         mbs_per_lane, prefill = [], False
         for lane, items in zip(self.lanes, per_lane):
             new, pages, mbs = [], [], []
-            for group in _split(items, self.afd.num_mb):
+            contexts = [r.num_computed + n for r, n in items]  # what each request's full attention reads
+            for group in split(items, contexts, self.afd.num_mb, self.afd.mb_split):
                 reqs = []
                 for r, n in group:
                     if r.num_computed == 0:

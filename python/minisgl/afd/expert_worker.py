@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
+from minisgl.afd.instrument import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply
 from minisgl.afd.transport import Transport
@@ -21,6 +22,7 @@ from minisgl.models.weights import WeightFilter, load_weights
 class Launched:
     step: int
     done: torch.cuda.Event | None
+    marks: StepMarks | None = None
 
 
 class ExpertWorker:
@@ -40,9 +42,14 @@ class ExpertWorker:
             config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device,
         )
         self.device = device
+        self.timer = make_timer(
+            spec.afd_args.layer_timing_dir, self.name, device, role="expert",
+            attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
+        )
 
     @torch.inference_mode()
     def launch(self, plan: EgPlan) -> Launched:
+        marks = None if self.timer is None else self.timer.start(plan.step, decode=plan.phase == "decode")
         order = [(layer, mb) for layer in range(self.num_layers) for mb in range(plan.num_mb)]
         sends: dict[int, list] = {}
         nxt = self.transport.post_receive(0, plan.bucket)
@@ -50,20 +57,30 @@ class ExpertWorker:
             hidden, ids, weights = self.transport.receive(nxt)
             if i + 1 < len(order):
                 nxt = self.transport.post_receive(order[i + 1][1], plan.bucket)
+            if marks is not None:
+                marks.mark(layer, mb, "received")
             out = self.shard.stage(layer)(hidden, ids, weights)
+            if marks is not None:
+                marks.mark(layer, mb, "computed")
             for w in sends.pop(mb, []):  # this micro-batch's send buffer is about to be reused
                 w.wait()
             sends[mb] = self.transport.send_combine(mb, plan.bucket, out)
+            if marks is not None:
+                marks.mark(layer, mb, "sent")
         for works in sends.values():
             for w in works:
                 w.wait()
+        if marks is not None:
+            marks.mark(-1, -1, "end")
         done = None
         if self.device.type == "cuda":
             done = torch.cuda.Event()
             done.record()
-        return Launched(plan.step, done)
+        return Launched(plan.step, done, marks)
 
     def retire(self, launched: Launched) -> Reply:
         if launched.done is not None:
             launched.done.synchronize()
+        if launched.marks is not None:
+            self.timer.write(launched.marks)
         return Reply(launched.step, self.name)
