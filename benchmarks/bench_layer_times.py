@@ -9,7 +9,7 @@ AFD pipeline simulator needs to predict a step (`python -m minisgl.tools.pipelin
 
     python benchmarks/bench_layer_times.py --model qwen35-122b [--contexts 1024,4096,8192,16384,32768]
         [--batches 8,16,32,64,128] [--tokens 16,32,64,128,256,512,1024] [--expert-workers 4]
-        [--fp8] [--attention-backend auto --gdn-backend auto --moe-backend auto] [--out layer_times.json]
+        [--attention-backend auto --gdn-backend auto --moe-backend auto] [--out layer_times.json]
     python benchmarks/bench_layer_times.py --model tiny --contexts 256,1024 --batches 4,16 --tokens 8,32  # CPU
 
 CUDA events on a GPU (median of --reps after warm-up), the monotonic clock on the CPU. Writes the
@@ -30,11 +30,11 @@ from torch import nn
 
 from minisgl.afd.expert_stage import ExpertStage
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import build_backends, build_module, fp8_storage, pool_layout
+from minisgl.engine.engine import build_backends, build_module, pool_layout
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.layers.linear import Linear
-from minisgl.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig, QuantConfig
+from minisgl.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.moe.local_moe import SharedExpert
 from minisgl.moe.router import route
@@ -61,8 +61,8 @@ def time_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
 
 
 def randomize(module: nn.Module) -> nn.Module:
-    """Small random weights (FP8 ones too): no NaN or overflow from uninitialised memory, and
-    routing spreads the tokens over the experts."""
+    """Small random weights: no NaN or overflow from uninitialised memory, and routing spreads
+    the tokens over the experts."""
     for p in module.parameters():
         p.data.copy_((torch.randn(p.shape, device=p.device) * 0.02).to(p.dtype))
     return module
@@ -81,7 +81,6 @@ def main() -> None:
     ap.add_argument("--batches", default="8,16,32,64,128", help="requests per micro-batch")
     ap.add_argument("--tokens", default="16,32,64,128,256,512,1024", help="rows reaching one expert worker")
     ap.add_argument("--expert-workers", type=int, default=4)
-    ap.add_argument("--fp8", action="store_true", help="FP8 block-128 projection and expert weights (GPU)")
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--gdn-backend", default="auto")
     ap.add_argument("--moe-backend", default="auto")
@@ -94,23 +93,19 @@ def main() -> None:
     if not gpu:
         torch.set_num_threads(1)
     config = one_of_each(model_config(ns.model))
-    if ns.fp8:
-        config = replace(config, quant=QuantConfig("fp8", (128, 128)))
-    fp8 = fp8_storage(config, device)
     if config.num_experts % ns.expert_workers:
         raise SystemExit(f"{config.num_experts} experts do not split over {ns.expert_workers} expert workers")
     backends = build_backends(EngineArgs(attention_backend=ns.attention_backend, gdn_backend=ns.gdn_backend,
                                          moe_backend=ns.moe_backend), device)
     h, E = config.hidden_size, config.num_experts
-    model = randomize(build_module(lambda: Qwen3_5MoeForCausalLM(config, backends, lambda i: nn.Identity()), dtype,
-                                   device, fp8))
+    model = randomize(build_module(lambda: Qwen3_5MoeForCausalLM(config, backends, lambda i: nn.Identity()), dtype, device))
     router = randomize(build_module(lambda: Linear(h, E), dtype, device))
-    shared = randomize(build_module(lambda: SharedExpert(h, config.shared_expert_intermediate_size), dtype, device, fp8))
+    shared = randomize(build_module(lambda: SharedExpert(h, config.shared_expert_intermediate_size), dtype, device))
     shared_gate = randomize(build_module(lambda: Linear(h, 1), dtype, device))
     gdn = model.layers[config.layer_types.index(LINEAR_ATTENTION)]
     full = model.layers[config.layer_types.index(FULL_ATTENTION)]
     t = lambda fn: round(time_us(fn, device, ns.reps), 1)  # noqa: E731
-    out: dict = dict(model=ns.model, device=torch.cuda.get_device_name() if gpu else "cpu", dtype=str(dtype), fp8=ns.fp8,
+    out: dict = dict(model=ns.model, device=torch.cuda.get_device_name() if gpu else "cpu", dtype=str(dtype),
                      torch=torch.__version__, expert_workers=ns.expert_workers, attn={"gdn": [], "full": []},
                      shared=[], head=[], tail=[], expert=[])
 
@@ -136,7 +131,7 @@ def main() -> None:
             out["tail"].append([b, t(lambda: model.logits(y, batch))])
             out["head"].append([b, t(lambda: model.embed_tokens(batch.input_ids))])
         count = E // ns.expert_workers
-        stage = randomize(build_module(lambda: ExpertStage(config, 0, count, backends.moe), dtype, device, fp8))
+        stage = randomize(build_module(lambda: ExpertStage(config, 0, count, backends.moe), dtype, device))
         print(f"\nT_e: one expert worker, experts [0, {count}) of {E}, top-{config.top_k}")
         for n in (int(x) for x in ns.tokens.split(",")):
             xs = torch.randn(n, h, dtype=dtype, device=device)
