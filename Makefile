@@ -18,6 +18,8 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32 --ignore-eos
+	$(VPY) -m minisgl generate --prompt "The quick brown fox" --prompt "Hello" --max-tokens 32 --ignore-eos \
+		--dtype float32 --afd --afd-attn-workers 2 --afd-expert-workers 2 --afd-num-mb 2 --check-colocated
 
 # OpenAI-compatible server on 127.0.0.1:30000 (the embedded tiny model unless ARGS names one).
 serve: $(STAMP)

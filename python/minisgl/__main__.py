@@ -16,20 +16,29 @@ def _make_tiny_model(ns: argparse.Namespace) -> None:
 
 
 def _generate(ns: argparse.Namespace) -> None:
+    from minisgl.afd.args import AfdArgs
     from minisgl.llm import LLM
     from minisgl.sampling_params import SamplingParams
-    from minisgl.server.cli_args import engine_args_from
+    from minisgl.server.cli_args import dataclass_from, engine_args_from
 
-    args = engine_args_from(ns)
-    llm = LLM(**dataclasses.asdict(args))
+    args = dataclasses.asdict(engine_args_from(ns))
+    afd = dataclass_from(ns, AfdArgs, "afd_") if ns.afd else None
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, ignore_eos=ns.ignore_eos)
-    start = time.perf_counter()
-    results = llm.generate(ns.prompt, params)
-    elapsed = time.perf_counter() - start
+    with LLM(afd=afd, **args) as llm:
+        start = time.perf_counter()
+        results = llm.generate(ns.prompt, params)
+        elapsed = time.perf_counter() - start
+        where = llm.scheduler.info.device
     for prompt, r in zip(ns.prompt, results):
         print(f"prompt: {prompt!r}\ncompletion: {r.text!r}\ntokens: {list(r.token_ids)} ({r.finish_reason})\n")
     n = sum(len(r.token_ids) for r in results)
-    print(f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s on {llm.engine.device}")
+    print(f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s on {where}")
+    if afd is not None and ns.check_colocated:
+        colocated = LLM(**args).generate(ns.prompt, params)
+        same = [a.token_ids == b.token_ids for a, b in zip(results, colocated)]
+        print(f"AFD {afd.attn_workers}+{afd.expert_workers} tokens match colocated: {'yes' if all(same) else 'NO'}")
+        if not all(same):
+            raise SystemExit(1)
 
 
 def _serve(ns: argparse.Namespace) -> None:
@@ -43,8 +52,15 @@ def _serve(ns: argparse.Namespace) -> None:
     serve(engine_args_from(ns), dataclass_from(ns, SchedulerArgs), dataclass_from(ns, ServerArgs), afd)
 
 
-def main(argv: list[str] | None = None) -> None:
+def _add_afd_args(p: argparse.ArgumentParser) -> None:
     from minisgl.afd.args import AfdArgs
+    from minisgl.server.cli_args import add_dataclass_args
+
+    p.add_argument("--afd", action="store_true", help="attention-FFN disaggregation (the --afd-* flags)")
+    add_dataclass_args(p, AfdArgs, "afd_")
+
+
+def main(argv: list[str] | None = None) -> None:
     from minisgl.scheduler.args import SchedulerArgs
     from minisgl.server.args import ServerArgs
     from minisgl.server.cli_args import add_dataclass_args, add_engine_args
@@ -65,15 +81,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--check-colocated", action="store_true", help="with --afd: also run colocated and compare tokens")
     add_engine_args(p)
+    _add_afd_args(p)
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (SGLang-style flags)")
     add_engine_args(p)
     add_dataclass_args(p, SchedulerArgs)
     add_dataclass_args(p, ServerArgs)
-    p.add_argument("--afd", action="store_true", help="attention-FFN disaggregation (the --afd-* flags)")
-    add_dataclass_args(p, AfdArgs, "afd_")
+    _add_afd_args(p)
     p.set_defaults(func=_serve)
 
     ns = parser.parse_args(argv)
