@@ -36,8 +36,8 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import check_finish, decodable, take_output, validate_request
-from minisgl.scheduler.stop import DecoderFactory, StopChecker
+from minisgl.scheduler.rules import check_finish, new_request, plan_batch, take_output, validate_request
+from minisgl.scheduler.stop import DecoderFactory
 
 logger = logging.getLogger(__name__)
 _POLL_MS = 100
@@ -183,13 +183,10 @@ class Coordinator:
             raise ValueError("logprobs and prompt_logprobs are not supported in AFD mode yet")
 
     def add_request(self, req: GenerateRequest) -> None:
-        prompt = list(req.prompt_ids)
-        self.validate(prompt, req.params)
+        self.validate(list(req.prompt_ids), req.params)
         if req.rid in self._reqs:
             raise ValueError(f"request id {req.rid!r} is already in use")
-        p = req.params
-        checker = StopChecker(p.stop, self.make_decoder(p.skip_special_tokens)) if p.stop else None
-        r = Request(req.rid, prompt, p, None, checker)
+        r = new_request(req, self.make_decoder)  # sampling happens on the attention worker
         lane = self.lanes[self._rr % len(self.lanes)]
         self._rr += 1
         self._reqs[r.rid] = r
@@ -248,27 +245,12 @@ class Coordinator:
         return outputs
 
     # -- planning -------------------------------------------------------------------------------
-    def _schedule_lane(self, lane: Lane) -> list[tuple[Request, int]]:
-        items = [(r, 1) for r in lane.running if decodable(r, self.max_seq_len)]
-        budget = self.prefill_budget
-        for r in lane.running:
-            if not r.prefill_done and budget > 0:
-                items.append((r, min(len(r.prompt_ids) - r.num_computed, self.chunk_size, budget)))
-                budget -= items[-1][1]
-        while lane.waiting and budget > 0 and lane.alloc.can_allocate(self._reserve(lane.waiting[0])):
-            r = lane.waiting.popleft()
-            r.slot = lane.alloc.allocate(self._reserve(r))
-            lane.running.append(r)
-            items.append((r, min(len(r.prompt_ids), self.chunk_size, budget)))
-            budget -= items[-1][1]
-        return items
-
-    def _reserve(self, r: Request) -> int:
-        return min(len(r.prompt_ids) + r.params.max_tokens, self.max_seq_len)
-
     def _send_step(self) -> bool:
         """Plan and send one step to every worker; False when no lane has anything to run."""
-        per_lane = [self._schedule_lane(lane) for lane in self.lanes]
+        per_lane = [
+            plan_batch(lane.running, lane.waiting, lane.alloc, self.max_seq_len, self.chunk_size, self.prefill_budget)
+            for lane in self.lanes
+        ]
         if not any(per_lane):
             return False
         step = self._step

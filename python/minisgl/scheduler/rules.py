@@ -1,10 +1,16 @@
 """Request rules every scheduler applies the same way (colocated and AFD): what may be queued,
-when a request is done, and what one step reports for it."""
+what one step runs, when a request is done, and what a step reports for it."""
 from __future__ import annotations
 
+from collections import deque
+from typing import Protocol
+
+import torch
+
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import FINISH_LENGTH, FINISH_STOP, RequestOutput
+from minisgl.scheduler.io import FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
 from minisgl.scheduler.request import Request
+from minisgl.scheduler.stop import DecoderFactory, StopChecker
 
 
 def validate_request(
@@ -64,3 +70,54 @@ def take_output(r: Request) -> RequestOutput:
     r.num_reported = len(r.output_ids)
     r.new_logprobs.clear()
     return out
+
+
+def new_request(
+    req: GenerateRequest, make_decoder: DecoderFactory | None, generator: torch.Generator | None = None
+) -> Request:
+    p = req.params
+    checker = StopChecker(p.stop, make_decoder(p.skip_special_tokens)) if p.stop else None
+    return Request(req.rid, list(req.prompt_ids), p, generator, checker)
+
+
+class SlotPool(Protocol):
+    """What admission needs of a pool: the colocated HybridPool or an AFD lane's PoolAllocator."""
+
+    def can_allocate(self, reserve_tokens: int) -> bool: ...
+
+    def allocate(self, reserve_tokens: int) -> int: ...
+
+
+def reserve_tokens(r: Request, max_seq_len: int) -> int:
+    """Pages are reserved at admission for the worst case, so a running request never runs out."""
+    return min(len(r.prompt_ids) + r.params.max_tokens, max_seq_len)
+
+
+def plan_batch(
+    running: list[Request],
+    waiting: deque[Request],
+    pool: SlotPool,
+    max_seq_len: int,
+    chunk_size: int,
+    prefill_budget: int,
+) -> list[tuple[Request, int]]:
+    """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
+    most chunk_size, all together at most prefill_budget), admitting waiting requests first-come
+    first-served while the pool can reserve their pages and a slot."""
+    items = [(r, 1) for r in running if decodable(r, max_seq_len)]
+    budget = prefill_budget
+
+    def chunk(r: Request) -> None:
+        nonlocal budget
+        items.append((r, min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)))
+        budget -= items[-1][1]
+
+    for r in running:
+        if not r.prefill_done and budget > 0:
+            chunk(r)
+    while waiting and budget > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len)):
+        r = waiting.popleft()
+        r.slot = pool.allocate(reserve_tokens(r, max_seq_len))
+        running.append(r)
+        chunk(r)
+    return items

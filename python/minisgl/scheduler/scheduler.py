@@ -20,7 +20,6 @@ import torch
 
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import sample_tensor
-from minisgl.kvcache.pages import _num_pages
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.io import (
@@ -34,8 +33,8 @@ from minisgl.scheduler.io import (
 )
 from minisgl.scheduler.logprobs import LogprobTensors, compute_logprobs, to_entries
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import check_finish, decodable, take_output, validate_request
-from minisgl.scheduler.stop import DecoderFactory, StopChecker
+from minisgl.scheduler.rules import check_finish, new_request, plan_batch, take_output, validate_request
+from minisgl.scheduler.stop import DecoderFactory
 
 
 @dataclass
@@ -100,8 +99,7 @@ class Scheduler:
         )
 
     def add_request(self, req: GenerateRequest) -> None:
-        prompt = list(req.prompt_ids)
-        self.validate(prompt, req.params)
+        self.validate(list(req.prompt_ids), req.params)
         if req.rid in self._reqs:
             raise ValueError(f"request id {req.rid!r} is already in use")
         p = req.params
@@ -110,8 +108,7 @@ class Scheduler:
             generator = self._default_generator
             if p.seed is not None:
                 generator = torch.Generator(device=self.engine.device).manual_seed(p.seed)
-        checker = StopChecker(p.stop, self.make_decoder(p.skip_special_tokens)) if p.stop else None
-        r = Request(req.rid, prompt, p, generator, checker)
+        r = new_request(req, self.make_decoder, generator)
         self._reqs[r.rid] = r
         self.waiting.append(r)
 
@@ -126,9 +123,6 @@ class Scheduler:
         else:
             self._release(r)
         self._outbox.append(take_output(r))
-
-    def _reserve_tokens(self, r: Request) -> int:
-        return min(len(r.prompt_ids) + r.params.max_tokens, self.max_seq_len)
 
     @property
     def has_work(self) -> bool:
@@ -171,23 +165,7 @@ class Scheduler:
         return outputs
 
     def _schedule(self) -> list[tuple[Request, int]]:
-        """(request, tokens to feed) for this step: decodes first, then prefill chunks."""
-        items = [(r, 1) for r in self.running if decodable(r, self.max_seq_len)]
-        budget = self.prefill_budget
-        for r in self.running:
-            if not r.prefill_done and budget > 0:
-                items.append((r, self._chunk_len(r, budget)))
-                budget -= items[-1][1]
-        while self.waiting and budget > 0 and self.pool.can_allocate(self._reserve_tokens(self.waiting[0])):
-            r = self.waiting.popleft()
-            r.slot = self.pool.allocate(self._reserve_tokens(r))
-            self.running.append(r)
-            items.append((r, self._chunk_len(r, budget)))
-            budget -= items[-1][1]
-        return items
-
-    def _chunk_len(self, r: Request, budget: int) -> int:
-        return min(len(r.prompt_ids) - r.num_computed, self.chunk_size, budget)
+        return plan_batch(self.running, self.waiting, self.pool, self.max_seq_len, self.chunk_size, self.prefill_budget)
 
     def _input_tokens(self, r: Request, n: int) -> list[int]:
         if r.num_computed < len(r.prompt_ids):

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from minisgl.server.chat import create_chat_completion
 from minisgl.server.completions import create_completion
 from minisgl.server.engine_client import EngineUnavailable
-from minisgl.server.openai_types import AbortBody, ChatCompletionRequest, CompletionRequest
+from minisgl.server.openai_types import AbortBody
 from minisgl.server.serving import ApiError, ServingContext, created, error_response
 
 logger = logging.getLogger(__name__)
