@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -35,7 +37,15 @@ def _drive(tmp_path: Path, pool: Path, **knobs: str) -> tuple[subprocess.Complet
     env |= {"OMP_NUM_THREADS": "1", "PROMPT_FILE": str(pool), "NUM_PROMPTS": str(NUM_PROMPTS),
             "PROMPT_LEN": str(PROMPT_LEN), "MAX_NEW_TOKENS": str(NEW_TOKENS), "CONCURRENCY": str(NUM_PROMPTS),
             "RUN_DIR": str(tmp_path / "run"), "STARTUP_TIMEOUT": "120", **knobs}
-    r = subprocess.run([str(DRIVER)], env=env, capture_output=True, text=True, timeout=240, check=False)
+    try:
+        r = subprocess.run([str(DRIVER)], env=env, capture_output=True, text=True, timeout=240, check=False)
+    except subprocess.TimeoutExpired as e:  # the driver's EXIT trap never ran: stop the servers it started
+        for pid in re.findall(r"started \w+ \(pid (\d+)", str(e.stderr or "")):
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
     report = tmp_path / "run" / "alignment.json"
     return r, json.loads(report.read_text()) if report.exists() else {}
 

@@ -127,8 +127,9 @@ def test_throughput_dry_run_matches_the_docs(preset: str, full_pool: Path) -> No
 
 
 STUB = """#!{python}
-# Records each call; fakes servers (answers /health until stopped) and the pool generator.
-import json, os, sys
+# Records each call; fakes servers (answers /health until stopped, a minute at most) and the pool
+# generator.
+import json, os, sys, threading
 argv = sys.argv[1:]
 with open(os.environ["STUB_LOG"], "a") as f:
     f.write(json.dumps({{"prog": os.path.basename(sys.argv[0]), "argv": argv, "env": dict(os.environ)}}) + "\\n")
@@ -136,6 +137,8 @@ if argv[:1] == ["-c"]:
     os.execv({python!r}, [{python!r}, *argv])
 if "serve" in argv:
     from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    threading.Timer(60, os._exit, (0,)).start()
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):
