@@ -28,12 +28,12 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str =
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        parser.add_argument(
-            "--" + (prefix + f.name).replace("_", "-"),
-            type=base,
-            default=f.default,
-            help=_HELP.get(f.name, f"default: {f.default}"),
-        )
+        flag = "--" + (prefix + f.name).replace("_", "-")
+        help_text = _HELP.get(f.name, f"default: {f.default}")
+        if base is bool:  # --flag / --no-flag: type=bool would read "false" as True
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+        else:
+            parser.add_argument(flag, type=base, default=f.default, help=help_text)
 
 
 def dataclass_from(ns: argparse.Namespace, cls: type[T], prefix: str = "") -> T:
