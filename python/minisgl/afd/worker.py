@@ -17,6 +17,7 @@ import torch.distributed as dist
 import zmq
 
 from minisgl.afd.args import AfdArgs
+from minisgl.afd.profiling import StepProfiler
 from minisgl.afd.protocol import Reply, Shutdown
 from minisgl.engine.args import EngineArgs
 
@@ -76,7 +77,9 @@ class ControlChannel:
         self.replies.send(pickle.dumps(msg))
 
 
-def serve(runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int | None) -> None:
+def serve(
+    runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int | None, profiler: StepProfiler | None = None
+) -> None:
     """Launch plans as they come; retire the oldest when `depth` are in flight, or when idle."""
     pending: deque = deque()
     while True:
@@ -91,9 +94,13 @@ def serve(runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int 
         if isinstance(msg, Shutdown):
             while pending:
                 chan.send(runner.retire(pending.popleft()))
+            if profiler is not None:
+                profiler.finish()
             return
         if len(pending) >= depth:
             chan.send(runner.retire(pending.popleft()))
+        if profiler is not None:
+            profiler.before_step(msg.step)
         pending.append(runner.launch(msg))
 
 
@@ -130,7 +137,7 @@ def worker_main(spec: WorkerSpec) -> None:
 
             runner = ExpertWorker(spec)
         chan.send(Reply(step=-1, worker=spec.name))  # ready
-        serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid)
+        serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid, StepProfiler.from_env(spec.name))
     except BaseException as e:  # noqa: BLE001 - report any failure to the coordinator, then exit non-zero
         chan.send(WorkerFailed(spec.name, f"{type(e).__name__}: {e}"))
         traceback.print_exc()
