@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+LOAD_FORMATS = ("auto", "dummy")
+
 
 @dataclass(frozen=True)
 class EngineArgs:
     model_path: str | None = None  # None = the embedded tiny default model
+    load_format: str = "auto"  # auto = the checkpoint's safetensors; dummy = seeded random weights (config.json only)
     dtype: str = "auto"  # auto = the checkpoint's dtype
     device: str = "auto"  # auto = cuda when available, else cpu
     page_size: int = 64
@@ -37,6 +40,8 @@ class EngineArgs:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.mamba_ssm_dtype not in (None, "float32", "bfloat16"):

@@ -16,8 +16,10 @@ from minisgl.engine.graph import DecodeGraphRunner
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
-from minisgl.models.config import ModelConfig, load_config
+from minisgl.models.config import ModelConfig, QuantConfig, load_config
 from minisgl.models.context import Backends
+from minisgl.models.dummy_weights import init_dummy_weights
+from minisgl.models.materialize import materialize
 from minisgl.models.registry import MODELS
 from minisgl.models.weights import WeightFilter, load_weights
 from minisgl.moe.registry import MOE_BACKENDS
@@ -96,15 +98,25 @@ def build_backends(args: EngineArgs, device: torch.device) -> Backends:
     )
 
 
-def build_module(make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """Create a module's (uninitialised) params directly in `dtype` on `device`, with no copy."""
+def fp8_storage(config: ModelConfig, device: torch.device) -> QuantConfig | None:
+    """The FP8 layout to hold weights in: the checkpoint's on the GPU; none on the CPU, where the
+    loader dequantises (the torch references compute in the model dtype)."""
+    return config.quant if device.type == "cuda" else None
+
+
+def build_module(
+    make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device, fp8: QuantConfig | None = None
+) -> nn.Module:
+    """Create a module's (uninitialised) params directly in `dtype` on `device` (FP8 ones in FP8 with
+    `fp8`), with no copy: built on meta, then materialised."""
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
-            return make()
+        with torch.device("meta"):
+            module = make()
     finally:
         torch.set_default_dtype(prev)
+    return materialize(module, device, fp8)
 
 
 class Engine:
@@ -123,8 +135,13 @@ class Engine:
         self.max_seq_len = max_seq_len(args, self.config)
         backends = build_backends(args, self.device)
         arch = MODELS.get(self.config.arch)
-        self.model = build_module(lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device)
-        load_weights(self.model, self.model_path, self.config, weight_filter)
+        self.model = build_module(
+            lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device, fp8_storage(self.config, self.device)
+        )
+        if args.load_format == "dummy":
+            init_dummy_weights(self.model, args.seed)
+        else:
+            load_weights(self.model, self.model_path, self.config, weight_filter)
         self.model.eval()
         pool_cfg = pool_config(args, self.config)
         self.pool = HybridPool(pool_layout(self.config), pool_cfg, self.dtype, self.device)

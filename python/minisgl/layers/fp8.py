@@ -12,12 +12,12 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
 
 
-def _cdiv(a: int, b: int) -> int:
+def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
 def _expected_scale_shape(shape: torch.Size, block: tuple[int, int]) -> tuple[int, ...]:
-    return (*shape[:-2], _cdiv(shape[-2], block[0]), _cdiv(shape[-1], block[1]))
+    return (*shape[:-2], cdiv(shape[-2], block[0]), cdiv(shape[-1], block[1]))
 
 
 def _expand_scale(scale: torch.Tensor, rows: int, cols: int, block: tuple[int, int]) -> torch.Tensor:
@@ -34,7 +34,7 @@ def quantize_block_fp8(
         raise ValueError(f"quantize_block_fp8 needs a tensor with >= 2 dims, got shape {tuple(w.shape)}")
     rows, cols = w.shape[-2:]
     b0, b1 = block
-    nb0, nb1 = _cdiv(rows, b0), _cdiv(cols, b1)
+    nb0, nb1 = cdiv(rows, b0), cdiv(cols, b1)
     wf = w.to(torch.float32)
     # Zero padding never raises a block's amax, so edge blocks scale by their real elements only.
     padded = torch.nn.functional.pad(wf, (0, nb1 * b1 - cols, 0, nb0 * b0 - rows))
@@ -65,3 +65,24 @@ def dequantize_block_fp8(
     rows, cols = wq.shape[-2:]
     scale = _expand_scale(scale_inv.to(torch.float32), rows, cols, block)
     return (wq.to(torch.float32) * scale).to(dtype)
+
+
+def quantize_gate_up(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_block_fp8 of a fused [..., 2I, H] gate_up weight, its gate and up halves quantised as
+    separate matrices (the on-disk FP8 layout; see dequantize_gate_up)."""
+    inter = w.shape[-2] // 2
+    (gq, gs), (uq, us) = quantize_block_fp8(w[..., :inter, :], block), quantize_block_fp8(w[..., inter:, :], block)
+    return torch.cat([gq, uq], dim=-2), torch.cat([gs, us], dim=-2)
+
+
+def dequantize_gate_up(
+    wq: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = (128, 128), dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Dequantise a fused [..., 2I, H] gate_up weight whose gate and up halves were quantised as the
+    two separate matrices they are on disk: scale_inv is [..., 2 * ceil(I/b0), ceil(H/b1)], gate's
+    block rows first."""
+    inter = wq.shape[-2] // 2
+    nb = cdiv(inter, block[0])
+    gate = dequantize_block_fp8(wq[..., :inter, :], scale_inv[..., :nb, :], block, dtype)
+    up = dequantize_block_fp8(wq[..., inter:, :], scale_inv[..., nb:, :], block, dtype)
+    return torch.cat([gate, up], dim=-2)

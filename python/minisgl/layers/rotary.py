@@ -11,10 +11,14 @@ import torch
 class RotaryEmbedding:
     def __init__(self, rotary_dim: int, theta: float) -> None:
         self.rotary_dim = rotary_dim
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+        self.theta = theta
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        # The frequencies are made where the positions live, per call: the model may be built on
+        # the meta device, and a host-to-device copy here would break CUDA-graph capture.
+        dims = torch.arange(0, self.rotary_dim, 2, dtype=torch.float32, device=positions.device)
+        inv_freq = 1.0 / (self.theta ** (dims / self.rotary_dim))
+        freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

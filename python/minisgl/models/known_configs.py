@@ -1,5 +1,6 @@
 """The public Qwen3.5-MoE configs (from shared/reference), as full HF config.json dicts, so
-presets, dry runs and random-weight benchmarks can use real shapes without a checkpoint."""
+presets, dry runs and random-weight benchmarks can use real shapes without a checkpoint
+(`config_dir` gives a model path for `--load-format dummy`)."""
 from __future__ import annotations
 
 import copy
@@ -39,3 +40,16 @@ def hf_config(name: str, fp8: bool = False) -> dict[str, Any]:
     if fp8:
         raw["quantization_config"] = quant
     return raw
+
+
+def config_dir(name: str, fp8: bool = False, root: str | None = None) -> str:
+    """A model directory holding only `name`'s config.json: a `--model-path` for `--load-format
+    dummy`. Written under `root` (default: the minisgl cache) and reused."""
+    root = root or os.environ.get("MINISGL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
+    path = os.path.join(root, "configs", name + ("-FP8" if fp8 else ""))
+    os.makedirs(path, exist_ok=True)
+    tmp = os.path.join(path, f".config.json.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(hf_config(name, fp8), f, indent=2)
+    os.replace(tmp, os.path.join(path, "config.json"))  # atomic: a concurrent reader sees a whole file
+    return path

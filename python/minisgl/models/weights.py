@@ -4,7 +4,8 @@
 - `model.visual.*` and `mtp.*` are skipped;
 - routed experts per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`) or fused
   (`mlp.experts.gate_up_proj` / `down_proj`), both into the fused [E, 2I, H] / [E, H, I] params;
-- FP8 block checkpoints: `X.weight` (float8_e4m3fn) + `X.weight_scale_inv`, dequantised here;
+- FP8 block checkpoints: `X.weight` (float8_e4m3fn) + `X.weight_scale_inv`, copied as they are
+  into params held in FP8 (models/materialize.py, on the GPU), dequantised into any other param;
 - a role filter so a worker loads only its share (an attention worker no routed experts, an
   expert worker only its experts);
 - strict: a missing, unexpected, duplicated or mis-shaped tensor is an error naming it.
@@ -22,7 +23,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
-from minisgl.layers.fp8 import dequantize_block_fp8
+from minisgl.layers.fp8 import FP8_DTYPE, dequantize_block_fp8, quantize_block_fp8, quantize_gate_up
 from minisgl.models.config import ModelConfig
 
 _PREFIXES = ("model.language_model.", "model.")
@@ -108,6 +109,7 @@ class _Target:
     view: torch.Tensor
     units: tuple[object, ...]
     source: slice | None = None
+    scale: torch.Tensor | None = None  # the matching view of the param's block scales, if held in FP8
 
 
 class _Loader:
@@ -120,6 +122,8 @@ class _Loader:
         self.fused_layout = False
         self.expected: dict[str, set[object]] = {}
         for name, p in self.params.items():
+            if name.endswith(_SCALE_SUFFIX):
+                continue  # block scales arrive with (and are checked with) their FP8 weight
             m = re.match(r"^(layers\.\d+\.mlp\.experts)\.(gate_up_proj|down_proj)$", name)
             if m:
                 start = self._expert_start(name)
@@ -127,7 +131,7 @@ class _Loader:
                 self.expected[name] = {(k, start + e) for e in range(p.shape[0]) for k in kinds}
             else:
                 self.expected[name] = {"all"}
-        self.loaded: dict[str, set[object]] = {n: set() for n in self.params}
+        self.loaded: dict[str, set[object]] = {n: set() for n in self.expected}
         self.pending_fp8: dict[str, tuple[str, torch.Tensor]] = {}
         self.pending_scale: dict[str, torch.Tensor] = {}
         q = config.quant
@@ -151,7 +155,11 @@ class _Loader:
             e = expert - self._expert_start(param)
             inter = self.config.moe_intermediate_size
             view = {"gate": p[e, :inter], "up": p[e, inter:], "down": p[e]}[kind]
-            return _Target(param, view, ((kind, expert),))
+            scale = self._scale(param)
+            if scale is not None:  # gate_up's scale rows: gate's blocks, then up's
+                half = scale.shape[1] // 2
+                scale = {"gate": scale[e, :half], "up": scale[e, half:], "down": scale[e]}[kind]
+            return _Target(param, view, ((kind, expert),), scale=scale)
         m = _FUSED_EXPERT.match(local)
         if m:
             if not self.wf.routed_experts:
@@ -162,12 +170,16 @@ class _Loader:
             start = self._expert_start(param)
             kinds = ("gate", "up") if m.group(2) == "gate_up_proj" else ("down",)
             units = tuple((k, start + e) for e in range(p.shape[0]) for k in kinds)
-            return _Target(param, p, units, slice(start, start + p.shape[0]))
+            return _Target(param, p, units, slice(start, start + p.shape[0]), self._scale(param))
         if ".mlp.experts." in local:
             raise WeightError(f"unexpected tensor {orig!r}: unknown routed-expert layout")
         if not self.wf.non_expert:
             return None
-        return _Target(local, self._param(local, orig), ("all",))
+        return _Target(local, self._param(local, orig), ("all",), scale=self._scale(local))
+
+    def _scale(self, param: str) -> torch.Tensor | None:
+        scale = self.params.get(param + _SCALE_SUFFIX)
+        return None if scale is None else scale.data
 
     def _param(self, name: str, orig: str) -> torch.Tensor:
         if name not in self.params:
@@ -205,11 +217,15 @@ class _Loader:
         t = self.target(local, orig)
         if t is None:
             return
-        if scale is not None:
-            q = self.config.quant
-            if q is None:
-                raise WeightError(f"tensor {orig!r} is fp8 but config.json has no fp8 quantization_config")
+        q = self.config.quant
+        if scale is not None and q is None:
+            raise WeightError(f"tensor {orig!r} is fp8 but config.json has no fp8 quantization_config")
+        held_fp8 = t.view.dtype == FP8_DTYPE
+        if scale is not None and not held_fp8:
             tensor = dequantize_block_fp8(tensor, scale, q.block, torch.float32)
+        elif held_fp8 and scale is None:  # a BF16 tensor for a weight held in FP8: quantise it on the device
+            fused_gate_up = t.source is not None and t.param.endswith("gate_up_proj")
+            tensor, scale = (quantize_gate_up if fused_gate_up else quantize_block_fp8)(tensor.to(t.view.device), q.block)
         src = tensor if t.source is None else tensor[t.source]
         if tuple(src.shape) != tuple(t.view.shape):
             raise WeightError(
@@ -218,6 +234,14 @@ class _Loader:
             )
         if self.loaded[t.param].intersection(t.units):
             raise WeightError(f"tensor {orig!r} is given twice")
+        if held_fp8:
+            scale_src = scale if t.source is None else scale[t.source]
+            if tuple(scale_src.shape) != tuple(t.scale.shape):
+                raise WeightError(
+                    f"scale of {orig!r} has shape {tuple(scale.shape)}, expected {tuple(t.scale.shape)} "
+                    f"(one per {q.block[0]}x{q.block[1]} block)"
+                )
+            t.scale.copy_(scale_src)
         self.loaded[t.param].update(t.units)
         t.view.copy_(src.to(t.view.dtype))
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers.fp8 import FP8_DTYPE, cdiv
 from minisgl.layers.linear import Linear
 from minisgl.moe.router import route
 
@@ -26,7 +27,10 @@ class SharedExpert(nn.Module):
 
 
 class ExpertWeights(nn.Module):
-    """Experts [start, start + count) in the fused layout, whatever the checkpoint's layout."""
+    """Experts [start, start + count) in the fused layout, whatever the checkpoint's layout.
+
+    BF16 by default; `hold_fp8` switches to the FP8 checkpoints' storage (float8_e4m3fn plus block
+    scales `*_scale_inv`), with gate and up scaled as the two separate matrices they are on disk."""
 
     def __init__(self, start: int, count: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -34,6 +38,29 @@ class ExpertWeights(nn.Module):
         self.count = count
         self.gate_up_proj = nn.Parameter(torch.empty(count, 2 * intermediate, hidden), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(count, hidden, intermediate), requires_grad=False)
+        self.gate_up_proj_scale_inv: nn.Parameter | None = None
+        self.down_proj_scale_inv: nn.Parameter | None = None
+
+    def hold_fp8(self, block: tuple[int, int], device: torch.device) -> None:
+        """Replace the weights by uninitialised FP8 ones (and their scales) on `device`."""
+        count, two_i, hidden = self.gate_up_proj.shape
+        inter = two_i // 2
+
+        def param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.gate_up_proj = param(count, two_i, hidden, dtype=FP8_DTYPE)
+        self.down_proj = param(count, hidden, inter, dtype=FP8_DTYPE)
+        self.gate_up_proj_scale_inv = param(
+            count, 2 * cdiv(inter, block[0]), cdiv(hidden, block[1]), dtype=torch.float32
+        )
+        self.down_proj_scale_inv = param(count, cdiv(hidden, block[0]), cdiv(inter, block[1]), dtype=torch.float32)
+
+    def scales(self) -> dict[str, torch.Tensor]:
+        """The experts backend's FP8 scale arguments ({} for BF16 weights)."""
+        if self.gate_up_proj_scale_inv is None:
+            return {}
+        return {"gate_up_scale": self.gate_up_proj_scale_inv, "down_scale": self.down_proj_scale_inv}
 
 
 class LocalMoE(nn.Module):
@@ -61,7 +88,9 @@ class LocalMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        out = self.backend.forward(x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights)
+        out = self.backend.forward(
+            x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales()
+        )
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

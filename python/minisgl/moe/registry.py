@@ -2,3 +2,4 @@ from minisgl.registry import Registry
 
 MOE_BACKENDS: Registry = Registry("moe")
 MOE_BACKENDS.register("torch", "minisgl.moe.torch_experts:TorchExperts")
+MOE_BACKENDS.register("triton", "minisgl.moe.triton_experts:TritonExperts")

@@ -1,0 +1,31 @@
+"""Timing helpers shared by bench_moe.py and bench_decode.py: median device times and the copy
+bandwidth that every figure is a ratio of, measured in the same process."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from triton.testing import do_bench
+
+
+def median_us(fn: Callable[[], object], warmup_ms: int = 10, rep_ms: int = 50) -> float:
+    """Median of triton's do_bench (events; L2 flushed between runs), in microseconds."""
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def copy_tbps() -> float:
+    """Device-to-device copy of 2 GiB, read + write bytes counted, in TB/s."""
+    src = torch.randn(1 << 29, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.nbytes / median_us(lambda: dst.copy_(src)) / 1e6
+
+
+def table(rows: list[dict[str, object]], title: str) -> str:
+    """A markdown table of rows (dicts; a key a row lacks shows as '-'), floats to 3 significant digits."""
+    if not rows:
+        return f"{title}: (no rows)"
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cell = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = [f"### {title}", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(cell(r.get(k, "-")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)

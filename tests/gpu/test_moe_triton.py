@@ -1,0 +1,133 @@
+"""The Triton MoE (align, grouped gate/up + SwiGLU, grouped down, combine) against torch on fresh
+random routing and weights, FP8 and BF16, at tiny, 122B and 397B shapes; and its CUDA-graph replay.
+
+Tolerances, as max |err| / max |ref| over the [T, H] output:
+- FP8 EMULATED 2e-2 against fp32 torch on the same FP8 operands (activations quantised by the
+  kernels' rule before each GEMM): summation order and bf16 roundings, and h is rounded to bf16
+  between the GEMMs, so an element of h can fall on the other side of an FP8 boundary than the
+  reference's.
+- FP8 PLAIN 8e-2 against bf16 activations on the dequantised weights: two FP8 activation
+  roundings in series (about 2.5% rms each, see test_fp8_linear.py).
+- BF16 2e-2 against fp32 torch on the same bf16 weights: h and the output are rounded to bf16.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fp8_refs import DEVICE, moe_reference, poison_allocator, rel_err
+
+pytest.importorskip("triton")
+
+from minisgl.kernels.moe_align import align_experts
+from minisgl.layers.fp8 import FP8_DTYPE, cdiv
+from minisgl.moe.triton_experts import TritonExperts
+
+pytestmark = pytest.mark.gpu
+
+FP8_EMULATED, FP8_PLAIN, BF16_TOL = 2e-2, 8e-2, 2e-2
+# (T, E, k, H, I): tiny model, 122B at decode batches 16/64/256, 397B, ragged sizes.
+SHAPES = [
+    (5, 8, 2, 128, 64),
+    (16, 256, 8, 3072, 1024),
+    (64, 256, 8, 3072, 1024),
+    (256, 256, 8, 3072, 1024),
+    (16, 512, 10, 4096, 1024),
+    (33, 6, 3, 192, 96),
+]
+
+
+def _random_weight(*shape: int, fp8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Random codes with random positive block scales (FP8), or bf16 weights, std ~ 1/sqrt(fan_in)."""
+    fan_in = shape[-1]
+    if not fp8:
+        return (torch.randn(shape, device=DEVICE) / fan_in**0.5).to(torch.bfloat16), None
+    codes = torch.empty(shape, dtype=FP8_DTYPE, device=DEVICE)
+    for e in range(shape[0]):  # expert by expert: no full-size temporary
+        codes[e] = torch.randn(shape[1:], device=DEVICE, dtype=torch.bfloat16)
+    blocks = (shape[0], cdiv(shape[1], 128), cdiv(shape[2], 128))
+    scale = torch.rand(blocks, device=DEVICE).add(0.5) / fan_in**0.5
+    return codes, scale
+
+
+def _gate_up(e: int, h: int, i: int, fp8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    gate, gs = _random_weight(e, i, h, fp8=fp8)
+    up, us = _random_weight(e, i, h, fp8=fp8)
+    return torch.cat([gate, up], dim=1), None if gs is None else torch.cat([gs, us], dim=1)
+
+
+def _routing(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.rand(t, e, device=DEVICE).topk(k, dim=-1).indices
+    if t > 3:
+        ids[0, 0] = -1  # padding
+        ids[1, :] = -1  # a token with no pair here: zero output
+        ids[2, k - 1] = e  # another worker's expert
+    weights = torch.rand(t, k, device=DEVICE).softmax(-1).to(torch.bfloat16)
+    return ids, weights
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("t,e,k,h,i", SHAPES)
+def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8: bool) -> None:
+    torch.manual_seed(t + e + k + h + i + fp8)
+    gate_up, gate_up_scale = _gate_up(e, h, i, fp8)
+    down, down_scale = _random_weight(e, h, i, fp8=fp8)
+    x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
+    ids, weights = _routing(t, e, k)
+    poison_allocator()
+    out = TritonExperts().forward(x, gate_up, down, ids, weights, gate_up_scale, down_scale)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    args = (x, gate_up, down, ids, weights, gate_up_scale, down_scale)
+    if fp8:
+        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
+    else:
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+    if t > 3:
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("t,k,e", [(1, 8, 256), (64, 8, 256), (4096, 8, 256), (37, 10, 512), (300, 2, 6), (50, 4, 384)])
+def test_align_groups_every_valid_pair_once(t: int, k: int, e: int) -> None:
+    torch.manual_seed(t * k + e)
+    ids = torch.randint(-1, e + 2, (t, k), device=DEVICE)  # includes -1 and ids >= E
+    g = align_experts(ids, e)
+    block_expert, block_rows = g.block_expert.tolist(), g.block_rows.tolist()
+    rows = g.rows.view(-1, g.block_m).tolist()
+    flat = ids.flatten().tolist()
+    seen, last = [], -1
+    for b, (owner, n) in enumerate(zip(block_expert, block_rows)):
+        if owner < 0:
+            assert n == 0 and all(o < 0 for o in block_expert[b:]), "unused blocks come last"
+            break
+        assert owner >= last and 0 < n <= g.block_m
+        last = owner
+        pairs = rows[b][:n]
+        assert all(flat[p] == owner for p in pairs)
+        seen += pairs
+    assert sorted(seen) == [p for p, x in enumerate(flat) if 0 <= x < e]
+
+
+def test_graph_replay_matches_eager() -> None:
+    torch.manual_seed(5)
+    t, e, k, h, i = 48, 256, 8, 3072, 1024
+    gate_up, gs = _gate_up(e, h, i, True)
+    down, ds = _random_weight(e, h, i, fp8=True)
+    x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
+    ids, weights = _routing(t, e, k)
+    experts = TritonExperts()
+    run = lambda: experts.forward(x, gate_up, down, ids, weights, gs, ds)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # compile outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    x.copy_(torch.randn_like(x))  # fresh inputs and routing, replayed through the same buffers
+    new_ids, new_weights = _routing(t, e, k)
+    ids.copy_(new_ids)
+    weights.copy_(new_weights)
+    graph.replay()
+    assert torch.equal(out, run())
