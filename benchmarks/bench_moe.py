@@ -151,8 +151,9 @@ def linear_rows(tokens: list[int], copy: float, sweep: bool) -> list[dict[str, o
             row = {"linear": name, "N": n, "K": k, "M": m, "fp8 triton us": ours,
                    "vs copy": nbytes / ours / 1e6 / copy}
             if sweep:
-                best = min((median_us(lambda: fp8_linear(x, w, s, block_n=bn), 10, 40), bn) for bn in (16, 32, 64, 128))
-                row["best tile us (BLOCK_N)"] = f"{best[0]:.1f} ({best[1]})"
+                best = min((median_us(lambda: fp8_linear(x, w, s, block_n=bn, split_k=sk), 10, 40), bn, sk)
+                           for bn in (16, 32, 64, 128) for sk in (1, 2, 4, 8))
+                row["best us (BLOCK_N, split)"] = f"{best[0]:.1f} ({best[1]}, {best[2]})"
             try:
                 ref = x.float() @ w16.float().t()
                 err = ((scaled_mm_block(x, w, s).float() - ref).abs().max() / ref.abs().max()).item()

@@ -61,6 +61,15 @@ def test_every_weight_tile_width_agrees(block_n: int) -> None:
     assert rel_err(fp8_linear(x, w, s, block_n=block_n), emulated_linear(x, w, s)) <= EMULATED
 
 
+@pytest.mark.parametrize("split_k", [1, 2, 3, 8])
+def test_every_k_split_agrees(split_k: int) -> None:
+    torch.manual_seed(split_k)
+    w, s = _weight(384, 1280)  # 10 K steps: uneven splits, and more splits than steps
+    x = torch.randn(9, 1280, dtype=torch.bfloat16, device=DEVICE)
+    poison_allocator()
+    assert rel_err(fp8_linear(x, w, s, split_k=split_k), emulated_linear(x, w, s)) <= EMULATED
+
+
 def test_module_takes_batched_input_and_zero_rows() -> None:
     torch.manual_seed(1)
     w, s = _weight(256, 512)

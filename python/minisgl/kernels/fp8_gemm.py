@@ -8,6 +8,10 @@ one scale group: BLOCK_K is the group size.
 
 The programs own weight rows and see the tokens as columns (acc is [BLOCK_N, BLOCK_M]): decode has
 few tokens, and the tensor cores' wide dimension must be the weights', not the 1-64 tokens'.
+
+Split-K: each K step is a serial chain (load, quantise, MMA, rescale), so a program's time grows
+with its K steps, and decode has too few weight tiles to hide that chain behind other programs.
+With SPLIT_K > 1 the programs also split K and write fp32 partial sums, added up afterwards.
 """
 from __future__ import annotations
 
@@ -63,29 +67,32 @@ def load_scale(ptrs, rows_ok, FP8: tl.constexpr):
 
 @triton.jit
 def _fp8_linear_kernel(
-    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K,
-    stride_xm, stride_wn, stride_sn, stride_om,
+    x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, steps_per_split,
+    stride_xm, stride_wn, stride_sn, stride_os, stride_om,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)  # this program's K steps: [first, last)
+    first = pid_k * steps_per_split
+    last = tl.minimum(first + steps_per_split, tl.cdiv(K, BLOCK_K))
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (first * BLOCK_K + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (first * BLOCK_K + rk)[None, :]
     s_ptrs = s_ptr + (rn // BLOCK_K) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
+    for kb in range(first, last):
         k_left = K - kb * BLOCK_K
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
         x = load_k_tile(x_ptrs, m_ok, k_left, BLOCK_K, EVEN_K)
         acc += scaled_dot(w, x.to(tl.float32), load_scale(s_ptrs + kb, n_ok, True), True)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    out = out_ptr + rm[None, :].to(tl.int64) * stride_om + rn[:, None]
+    out = out_ptr + pid_k * stride_os + rm[None, :].to(tl.int64) * stride_om + rn[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
@@ -109,11 +116,21 @@ def weight_block(n: int, m_blocks: int, num_sms: int) -> int:
     return 16
 
 
+def k_splits(programs: int, k_steps: int, num_sms: int) -> int:
+    """K splits: double until about 8 programs per SM (enough chains in flight to cover one's
+    latency), keeping >= 3 K steps per split so the partial sums stay a small extra."""
+    split = 1
+    while programs * split < 8 * num_sms and k_steps >= 6 * split and split < 16:
+        split *= 2
+    return split
+
+
 def fp8_linear(
     x: torch.Tensor,  # [..., K] bf16
     weight: torch.Tensor,  # [N, K] float8_e4m3fn
     scale_inv: torch.Tensor,  # [ceil(N/128), ceil(K/128)] fp32
     block_n: int | None = None,
+    split_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 4,
 ) -> torch.Tensor:
@@ -124,15 +141,20 @@ def fp8_linear(
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm = token_block(m)
     m_blocks = triton.cdiv(m, bm)
-    bn = block_n or weight_block(n, m_blocks, num_sms(x.device))
-    grid = (triton.cdiv(n, bn), m_blocks)
-    _fp8_linear_kernel[grid](
-        x2, weight, scale_inv, out, m, n, k,
-        x2.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
+    sms = num_sms(x.device)
+    bn = block_n or weight_block(n, m_blocks, sms)
+    k_steps = triton.cdiv(k, GROUP)
+    split = split_k or k_splits(triton.cdiv(n, bn) * m_blocks, k_steps, sms)
+    steps = triton.cdiv(k_steps, split)
+    split = triton.cdiv(k_steps, steps)  # no empty split
+    out = torch.empty(split, m, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    _fp8_linear_kernel[(triton.cdiv(n, bn), m_blocks, split)](
+        x2, weight, scale_inv, out, m, n, k, steps,
+        x2.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0), out.stride(1),
         BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
         num_warps=num_warps, num_stages=num_stages,
     )
+    out = out[0] if split == 1 else out.sum(0).to(x.dtype)
     return out.view(*x.shape[:-1], n)

@@ -9,7 +9,8 @@ Output, with BLOCK_M the rows per GEMM program:
 
 One program does it all in three phases over the ids, separated by barriers (global writes of a
 program are visible to all its threads after one): count with atomics (each pair's atomic result
-is its rank within its expert), turn counts into block offsets with a cumsum, then scatter. Ranks
+is its rank within its expert), turn counts into block offsets with a cumsum and write the block
+table (each expert its own blocks, one pass per block of the busiest expert), then scatter. Ranks
 from atomics order rows within an expert arbitrarily; each row's GEMM result does not depend on
 its position, so the output is still deterministic.
 """
@@ -25,7 +26,7 @@ import triton.language as tl
 @triton.jit
 def _moe_align_kernel(
     ids_ptr, num_ids, num_experts, counts_ptr, rank_ptr, rows_ptr, block_expert_ptr, block_rows_ptr, max_blocks,
-    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr, CHUNK_B: tl.constexpr,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr,
 ):
     ex = tl.arange(0, E_P2)
     tl.store(counts_ptr + ex, tl.zeros((E_P2,), dtype=tl.int32))
@@ -41,17 +42,15 @@ def _moe_align_kernel(
     blocks = (counts + BLOCK_M - 1) // BLOCK_M
     end = tl.cumsum(blocks, axis=0)
     start = end - blocks
-    for b0 in range(0, max_blocks, CHUNK_B):
-        b = b0 + tl.arange(0, CHUNK_B)
-        # The owner of block b is the number of experts whose blocks all end at or before b.
-        owner = tl.sum((end[None, :] <= b[:, None]).to(tl.int32), axis=1)
-        mine = ex[None, :] == owner[:, None]
-        first = tl.sum(tl.where(mine, start[None, :], 0), axis=1)
-        count = tl.sum(tl.where(mine, counts[None, :], 0), axis=1)
-        used = owner < num_experts
-        tl.store(block_expert_ptr + b, tl.where(used, owner, -1), mask=b < max_blocks)
-        nrows = tl.minimum(count - (b - first) * BLOCK_M, BLOCK_M)
-        tl.store(block_rows_ptr + b, tl.where(used, nrows, 0), mask=b < max_blocks)
+    for j in range(tl.max(blocks, axis=0)):  # expert e owns blocks [start_e, end_e)
+        mine = j < blocks
+        tl.store(block_expert_ptr + start + j, ex, mask=mine)
+        tl.store(block_rows_ptr + start + j, tl.minimum(counts - j * BLOCK_M, BLOCK_M), mask=mine)
+    total = tl.sum(blocks, axis=0)
+    for b0 in range(total, max_blocks, CHUNK):  # the unused tail
+        b = b0 + tl.arange(0, CHUNK)
+        tl.store(block_expert_ptr + b, tl.full((CHUNK,), -1, tl.int32), mask=b < max_blocks)
+        tl.store(block_rows_ptr + b, tl.zeros((CHUNK,), tl.int32), mask=b < max_blocks)
     tl.debug_barrier()  # every thread has read the counts before they are overwritten with row starts
     tl.store(counts_ptr + ex, start * BLOCK_M)
     tl.debug_barrier()
@@ -103,6 +102,6 @@ def align_experts(local_ids: torch.Tensor, num_experts: int, block_m: int | None
     block_rows = torch.empty(nb, dtype=torch.int32, device=dev)
     _moe_align_kernel[(1,)](
         local_ids.contiguous(), num_pairs, num_experts, counts, rank, rows, block_expert, block_rows, nb,
-        BLOCK_M=block_m, CHUNK=1024, E_P2=e_p2, CHUNK_B=max(16, 8192 // e_p2), num_warps=8,
+        BLOCK_M=block_m, CHUNK=1024, E_P2=e_p2, num_warps=8,
     )
     return ExpertGrouping(rows, block_expert, block_rows, block_m, k)
