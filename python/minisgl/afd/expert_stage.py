@@ -22,7 +22,7 @@ class ExpertStage(nn.Module):
         local = ids - self.experts.start
         local = torch.where((ids >= 0) & (local >= 0) & (local < self.experts.count), local, -1)
         return self.backend.forward(
-            x, self.experts.gate_up_proj, self.experts.down_proj, local, weights.to(x.dtype)
+            x, self.experts.gate_up_proj, self.experts.down_proj, local, weights.to(x.dtype), **self.experts.scales()
         )
 
 

@@ -13,7 +13,7 @@ from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply
 from minisgl.afd.transport import Transport
 from minisgl.afd.worker import WorkerSpec
-from minisgl.engine.engine import build_backend, build_module, model_dtype, with_model_path
+from minisgl.engine.engine import build_backend, build_module, fp8_storage, model_dtype, with_model_path
 from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter, load_weights
 
@@ -34,7 +34,9 @@ class ExpertWorker:
         device = torch.device(spec.device)
         dtype = model_dtype(args, config)
         backend = build_backend("moe", args.moe_backend, device)
-        self.shard = build_module(lambda: ExpertShard(config, start, end - start, backend), dtype, device)
+        self.shard = build_module(
+            lambda: ExpertShard(config, start, end - start, backend), dtype, device, fp8_storage(config, device)
+        )
         load_weights(self.shard, args.model_path, config, WeightFilter.expert_worker(start, end))
         self.num_layers = config.num_layers
         self.transport = Transport(
