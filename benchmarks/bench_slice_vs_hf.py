@@ -70,10 +70,11 @@ def hf_step_ms(raw: dict, batch: int, prompt: int) -> float:
     with torch.no_grad():
         out = model(ids, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
-        cache = out.cache
+        # transformers renamed past_key_values to cache (5.2x); the old keyword still maps to it.
+        cache = getattr(out, "cache", None) or out.past_key_values
 
         def step() -> None:
-            model(nxt, cache=cache, use_cache=True)
+            model(nxt, past_key_values=cache, use_cache=True)
 
         ms = cuda_ms(step, 5)  # each call appends one position to the cache: a few steps only
     del model, cache, out
