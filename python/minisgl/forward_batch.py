@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.host_copy import to_device
+
 
 @dataclass(frozen=True)
 class ForwardBatch:
@@ -57,19 +59,19 @@ class ForwardBatch:
         for n in extend:
             cu.append(cu[-1] + n)
         rows = [s - 1 for s in slots]
-        pos_t = torch.tensor(positions, dtype=torch.int64, device=device)
-        rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-        token_rows = torch.repeat_interleave(rows_t, torch.tensor(extend, device=device))
-        pages = page_table[token_rows, pos_t // page_size].to(torch.int64)
+        token_rows = [r for r, n in zip(rows, extend) for _ in range(n)]
+        i64 = torch.int64
+        pos_t = to_device(positions, i64, device)
+        pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
         return ForwardBatch(
-            input_ids=torch.tensor(flat, dtype=torch.int64, device=device),
+            input_ids=to_device(flat, i64, device),
             positions=pos_t,
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor([p + n for p, n in zip(prefix_lens, extend)], dtype=torch.int32, device=device),
-            slots=torch.tensor(slots, dtype=torch.int64, device=device),
-            table_rows=rows_t,
+            cu_seqlens=to_device(cu, torch.int32, device),
+            seq_lens=to_device([p + n for p, n in zip(prefix_lens, extend)], torch.int32, device),
+            slots=to_device(slots, i64, device),
+            table_rows=to_device(rows, i64, device),
             cache_loc=pages * page_size + pos_t % page_size,
-            logit_idx=torch.tensor(cu[1:], dtype=torch.int64, device=device) - 1,
+            logit_idx=to_device([c - 1 for c in cu[1:]], i64, device),
             prefix_lens=tuple(prefix_lens),
             extend_lens=tuple(extend),
         )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.host_copy import to_device
 from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT, PoolAllocator, PoolExhausted
 from minisgl.kvcache.kv_pool import KVPool
 from minisgl.kvcache.pages import _num_pages
@@ -126,7 +127,7 @@ class HybridPool:
     # -- applying assignments to the device tables ---------------------------------------------
     def assign_pages(self, slot: int, start: int, pages: list[int]) -> None:
         if pages:
-            self.page_table[self.row(slot), start : start + len(pages)] = torch.tensor(pages, dtype=torch.int32)
+            self.page_table[self.row(slot), start : start + len(pages)] = to_device(pages, torch.int32, self.page_table.device)
 
     def reset_slot(self, slot: int) -> None:
         if self.state is not None:
