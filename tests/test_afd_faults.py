@@ -13,8 +13,10 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest
 
 
-@pytest.mark.parametrize("victim", ["expert0", "attn1"])
-def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str) -> None:
+@pytest.mark.parametrize("victim,pause", [("expert0", 0.0), ("attn1", 0.0), ("expert0", 1.0)])
+def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str, pause: float) -> None:
+    """pause: time between the kill and the next step, so the coordinator's next plan goes to a
+    socket whose peer is already gone (a send that must fail, not block)."""
     args = EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", dtype="float32", context_length=512)
     coord = Coordinator(args, AfdArgs(attn_workers=2, expert_workers=1, num_mb=2, step_timeout_s=30))
     try:
@@ -24,6 +26,7 @@ def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str) -
         for _ in range(3):
             coord.step()
         coord.launcher.procs[victim].kill()
+        time.sleep(pause)
         start = time.monotonic()
         errors = {}
         while coord.has_work and time.monotonic() - start < 10:

@@ -16,6 +16,7 @@ from minisgl.afd.worker import WorkerSpec
 from minisgl.engine.engine import Engine, model_dtype, with_model_path
 from minisgl.engine.sampler import sample_tensor
 from minisgl.forward_batch import ForwardBatch
+from minisgl.host_copy import to_device
 from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
 from minisgl.sampling_params import SamplingParams
@@ -83,7 +84,7 @@ class AttentionWorker:
         batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs], [r.slot for r in reqs])
         decodes = [i for i, r in enumerate(reqs) if r.tokens is None]
         if decodes:
-            slots = torch.tensor([reqs[i].slot for i in decodes], device=self.last_token.device)
+            slots = to_device([reqs[i].slot for i in decodes], torch.int64, self.last_token.device)
             batch.input_ids[batch.logit_idx[decodes]] = self.last_token[slots]
         return batch
 
@@ -151,14 +152,15 @@ class AttentionWorker:
         if rows:
             params, gens = zip(*(self.samplers[s] for s in slots))
             tokens = sample_tensor(torch.stack(rows), list(params), list(gens))
-            self.last_token[torch.tensor(slots, device=device)] = tokens
+            self.last_token[to_device(slots, torch.int64, device)] = tokens
         if marks is not None:
             marks.mark(-1, -1, "end")
+        host_tokens = tokens.to("cpu", non_blocking=True)
         done = None
-        if device.type == "cuda":
+        if device.type == "cuda":  # recorded after the copy, so retiring on it sees the tokens
             done = torch.cuda.Event()
             done.record()
-        return Launched(plan.step, rids, tokens.to("cpu", non_blocking=True), done, marks)
+        return Launched(plan.step, rids, host_tokens, done, marks)
 
     def retire(self, launched: Launched) -> Reply:
         if launched.done is not None:

@@ -24,7 +24,7 @@ import zmq
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.expert_plan import ExpertPlan
-from minisgl.afd.launch import Launcher, make_launcher, worker_devices
+from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep, Shutdown
 from minisgl.afd.worker import ATTN, EXPERT, WorkerFailed, WorkerSpec
@@ -41,6 +41,7 @@ from minisgl.scheduler.stop import DecoderFactory
 
 logger = logging.getLogger(__name__)
 _POLL_MS = 100
+_SEND_TIMEOUT_MS = 2000
 _START_TIMEOUT_S = 600.0
 
 
@@ -100,6 +101,9 @@ class Coordinator:
         )
         self._reqs: dict[str, Request] = {}
         self._lane_of: dict[str, Lane] = {}
+        self._wire: dict[str, str] = {}  # rid -> wire id, for live requests
+        self._by_wire: dict[str, Request] = {}
+        self._admitted = 0
         self._rr = 0
         self._outbox: list[RequestOutput] = []
         self._inflight: deque[int] = deque()  # step ids sent and not yet fully replied
@@ -117,13 +121,15 @@ class Coordinator:
         self.reply_sock = self.zmq.socket(zmq.PULL)
         reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
         self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
-        devices = worker_devices(self.afd)
+        devices = launcher.devices(self.afd)
         self.plan_socks: dict[str, zmq.Socket] = {}
         specs = []
         roles = [(ATTN, i) for i in range(self.afd.attn_workers)] + [(EXPERT, r) for r in range(self.afd.expert_workers)]
         for rank, (role, index) in enumerate(roles):
             sock = self.zmq.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
+            # A dead worker's socket stops taking messages: a send must fail, not block forever.
+            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
             port = sock.bind_to_random_port(f"tcp://{launcher.host}")
             spec = WorkerSpec(
                 role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
@@ -162,12 +168,22 @@ class Coordinator:
             if time.monotonic() > deadline:
                 raise WorkerFailure(f"no answer from the workers {waiting_for} within the timeout")
 
+    def _send(self, worker: str, data: bytes) -> None:
+        try:
+            self.plan_socks[worker].send(data)
+        except zmq.Again:
+            dead = self.launcher.dead()
+            raise WorkerFailure("; ".join(dead) or f"worker {worker} stopped taking plans") from None
+
     def close(self) -> None:
         if getattr(self, "launcher", None) is None:
             return
         if self.failure is None:
-            for sock in self.plan_socks.values():
-                sock.send(pickle.dumps(Shutdown()))
+            try:
+                for name in self.plan_socks:
+                    self._send(name, pickle.dumps(Shutdown()))
+            except WorkerFailure as e:
+                logger.warning("AFD shutdown: %s", e)
         self.launcher.stop(timeout_s=10)
         self.launcher = None
         for sock in self.plan_socks.values():
@@ -190,6 +206,11 @@ class Coordinator:
         lane = self.lanes[self._rr % len(self.lanes)]
         self._rr += 1
         self._reqs[r.rid] = r
+        # Plans and replies name a request by an id never reused, so tokens of steps still in
+        # flight for a finished or aborted request can never reach a new request with its rid.
+        self._wire[r.rid] = wire = str(self._admitted)
+        self._by_wire[wire] = r
+        self._admitted += 1
         self._lane_of[r.rid] = lane
         lane.waiting.append(r)
 
@@ -263,8 +284,9 @@ class Coordinator:
             for group in split(items, contexts, self.afd.num_mb, self.afd.mb_split):
                 reqs = []
                 for r, n in group:
+                    wire = self._wire[r.rid]
                     if r.num_computed == 0:
-                        new.append(NewRequest(r.rid, r.slot, r.params))
+                        new.append(NewRequest(wire, r.slot, r.params))
                     start, fresh = lane.alloc.ensure_tokens(r.slot, r.num_computed + n)
                     if fresh:
                         pages.append(PageAssignment(r.slot, start, tuple(fresh)))
@@ -274,7 +296,7 @@ class Coordinator:
                         prefill = True
                     r.num_computed += n
                     sample = r.num_computed == r.seq_len
-                    reqs.append(ReqStep(r.rid, r.slot, r.num_computed - n, n, tokens, sample))
+                    reqs.append(ReqStep(wire, r.slot, r.num_computed - n, n, tokens, sample))
                     if sample:
                         r.num_pending += 1
                 mbs.append(tuple(reqs))
@@ -289,7 +311,7 @@ class Coordinator:
         for name, plan in plans:
             data = pickle.dumps(plan)
             size += len(data)
-            self.plan_socks[name].send(data)
+            self._send(name, data)
         self.plan_bytes.append(size)
         self._inflight.append(step)
         return True
@@ -304,8 +326,8 @@ class Coordinator:
                 self._replies.setdefault(msg.step, {})[msg.worker] = msg
         touched: dict[int, Request] = {}
         for reply in self._replies.pop(step).values():
-            for rid, tok in reply.tokens:
-                r = self._reqs.get(rid)
+            for wire, tok in reply.tokens:
+                r = self._by_wire.get(wire)
                 if r is None:  # aborted or finished while this step was in flight
                     continue
                 r.num_pending -= 1
@@ -331,6 +353,7 @@ class Coordinator:
     def _forget(self, r: Request) -> None:
         self._reqs.pop(r.rid, None)
         self._lane_of.pop(r.rid, None)
+        self._by_wire.pop(self._wire.pop(r.rid, ""), None)
 
     def _fail(self, reason: str) -> list[RequestOutput]:
         """Every live request ends with the error; the workers are stopped; new requests are refused."""
@@ -349,6 +372,8 @@ class Coordinator:
             lane.frees.clear()
         self._reqs.clear()
         self._lane_of.clear()
+        self._wire.clear()
+        self._by_wire.clear()
         self._inflight.clear()
         self.launcher.stop(timeout_s=0)
         return outputs

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -27,6 +26,9 @@ def worker_devices(afd: AfdArgs) -> list[str]:
 class Launcher(Protocol):
     host: str  # the address workers reach the coordinator at
 
+    def devices(self, afd: AfdArgs) -> list[str]:
+        """The device of each worker, attention workers first."""
+
     def start(self, specs: list[WorkerSpec]) -> None: ...
 
     def dead(self) -> list[str]:
@@ -40,6 +42,9 @@ class LocalLauncher:
 
     def __init__(self) -> None:
         self.procs: dict[str, mp.process.BaseProcess] = {}
+
+    def devices(self, afd: AfdArgs) -> list[str]:
+        return worker_devices(afd)
 
     def start(self, specs: list[WorkerSpec]) -> None:
         ctx = mp.get_context("spawn")  # fork would copy the coordinator's threads and torch state
@@ -81,6 +86,15 @@ class RayLauncher:
         self.actors: dict[str, object] = {}
         self.tasks: dict[str, object] = {}
 
+    def devices(self, afd: AfdArgs) -> list[str]:
+        """From the cluster's GPUs, not this host's: each actor is given its own GPU as cuda:0."""
+        gpus = int(self.ray.cluster_resources().get("GPU", 0))
+        if gpus == 0:
+            return ["cpu"] * afd.world_size
+        if gpus < afd.world_size:
+            raise ValueError(f"AFD needs {afd.world_size} GPUs in the Ray cluster, found {gpus}")
+        return ["cuda:0"] * afd.world_size
+
     def _nodes(self, role: str) -> list[str]:
         given = self.afd.attn_nodes if role == ATTN else self.afd.expert_nodes
         if given:
@@ -101,8 +115,6 @@ class RayLauncher:
             for i, spec in enumerate(s for s in specs if s.role == role):
                 node = nodes[i % len(nodes)]
                 gpus = 1 if spec.device.startswith("cuda") else 0
-                if gpus:  # Ray hands each actor its own GPU as cuda:0
-                    spec = replace(spec, device="cuda:0")
                 actor = _Worker.options(num_gpus=gpus, resources={f"node:{node}": 0.001}).remote()
                 self.actors[spec.name] = actor
                 self.tasks[spec.name] = actor.run.remote(spec)

@@ -11,7 +11,7 @@ from minisgl.sampling_params import SamplingParams
 class NewRequest:
     """A request entering a lane: its slot gets zeroed state and its own sampler."""
 
-    rid: str
+    rid: str  # the coordinator's id for this admission, never reused (not the client's rid)
     slot: int
     params: SamplingParams
 
@@ -30,7 +30,7 @@ class ReqStep:
     """One request's share of a step. `tokens` is a prefill chunk; None means a decode of the token
     the worker sampled for this slot last time (kept on the device, so no CPU round trip)."""
 
-    rid: str
+    rid: str  # the coordinator's id for this admission
     slot: int
     prefix_len: int
     extend_len: int

@@ -94,6 +94,13 @@ class Transport:
         self.hidden, self.top_k, self.dtype, self.fp8 = hidden, top_k, dtype, fp8_dispatch
         self.device = device
         self._buffers: dict[tuple[str, int, int], torch.Tensor] = {}
+        # One group per direction. NCCL runs each group's point-to-point batches in order on one
+        # stream and ignores tags: with a single group an expert worker's pre-posted receive of
+        # micro-batch i+1 would queue ahead of its send of micro-batch i's combine, which the
+        # attention worker needs before it can send micro-batch i+1 -- a deadlock gloo never shows.
+        # Every rank builds its Transport once, right after joining, so the calls line up.
+        self.dispatch_group = dist.new_group()
+        self.combine_group = dist.new_group()
 
     def layout(self, bucket: int) -> DispatchLayout:
         return DispatchLayout(bucket, self.hidden, self.top_k, self.dtype, self.fp8)
@@ -126,11 +133,13 @@ class Transport:
         id_view[:t], id_view[t:] = ids, -1
         w_view[:t], w_view[t:] = weights, 0.0
         partials = self._buffer("ag_recv", bucket, mb, (self.num_eg, bucket, self.hidden), self.dtype)
-        ops = [dist.P2POp(dist.isend, buf, r, tag=_DISPATCH_TAG + mb) for r in self._eg_ranks()]
-        ops += [
-            dist.P2POp(dist.irecv, partials[i], r, tag=_COMBINE_TAG + mb) for i, r in enumerate(self._eg_ranks())
+        recvs = [
+            dist.P2POp(dist.irecv, partials[i], r, self.combine_group, _COMBINE_TAG + mb)
+            for i, r in enumerate(self._eg_ranks())
         ]
-        return PendingCombine(dist.batch_isend_irecv(ops), partials, t)
+        sends = [dist.P2POp(dist.isend, buf, r, self.dispatch_group, _DISPATCH_TAG + mb) for r in self._eg_ranks()]
+        works = dist.batch_isend_irecv(recvs) + dist.batch_isend_irecv(sends)
+        return PendingCombine(works, partials, t)
 
     @staticmethod
     def combine(pending: PendingCombine) -> torch.Tensor:
@@ -143,7 +152,7 @@ class Transport:
     def post_receive(self, mb: int, bucket: int) -> PendingDispatch:
         layout = self.layout(bucket)
         bufs = self._buffer("eg_recv", bucket, mb, (self.num_ag, layout.nbytes), torch.uint8)
-        ops = [dist.P2POp(dist.irecv, bufs[a], a, tag=_DISPATCH_TAG + mb) for a in range(self.num_ag)]
+        ops = [dist.P2POp(dist.irecv, bufs[a], a, self.dispatch_group, _DISPATCH_TAG + mb) for a in range(self.num_ag)]
         return PendingDispatch(dist.batch_isend_irecv(ops), bufs, layout, mb)
 
     def receive(self, pending: PendingDispatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -163,5 +172,5 @@ class Transport:
         """Return each AG its rows of the partial sums out [M·bucket, H]."""
         buf = self._buffer("eg_send", bucket, mb, (self.num_ag, bucket, self.hidden), self.dtype)
         buf.copy_(out.view(self.num_ag, bucket, self.hidden))
-        ops = [dist.P2POp(dist.isend, buf[a], a, tag=_COMBINE_TAG + mb) for a in range(self.num_ag)]
+        ops = [dist.P2POp(dist.isend, buf[a], a, self.combine_group, _COMBINE_TAG + mb) for a in range(self.num_ag)]
         return dist.batch_isend_irecv(ops)
