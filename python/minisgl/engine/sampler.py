@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.host_copy import to_device
 from minisgl.sampling_params import SamplingParams
 
 
@@ -43,9 +44,9 @@ def sample_tensor(
         return out
     vocab, dev = logits.shape[-1], logits.device
     hot = [params[i] for i in rows]
-    temperature = torch.tensor([p.temperature for p in hot], device=dev)
-    top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in hot], device=dev)
-    top_p = torch.tensor([p.top_p if p.top_p < 1 else float("inf") for p in hot], device=dev)
+    temperature = to_device([p.temperature for p in hot], torch.float32, dev)
+    top_k = to_device([p.top_k if 0 < p.top_k < vocab else vocab for p in hot], torch.int64, dev)
+    top_p = to_device([p.top_p if p.top_p < 1 else float("inf") for p in hot], torch.float32, dev)
     probs = _filter(logits[rows] / temperature[:, None], top_k, top_p).softmax(-1)
     by_generator: dict[int, list[int]] = {}
     for j, i in enumerate(rows):
