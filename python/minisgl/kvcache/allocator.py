@@ -47,9 +47,6 @@ class PoolAllocator:
         outstanding = sum(self._reserved[s] - len(p) for s, p in self._pages.items())
         return len(self._free_pages) - outstanding
 
-    def pages_of(self, slot: int) -> list[int]:
-        return self._pages[slot]
-
     def can_allocate(self, reserve_tokens: int) -> bool:
         return bool(self._free_slots) and _num_pages(reserve_tokens, self.page_size) <= self.available_pages
 
