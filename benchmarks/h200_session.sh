@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
-# One device call for the GPU checks and benchmarks still unmeasured, each bounded in time, with
-# logs under $OUT as they go (a step that runs out of time still leaves what it printed).
+# One device call for the GPU checks and benchmarks that still need (re-)measuring, each bounded in
+# time, with logs under $OUT as they go (a step that runs out of time still leaves what it printed).
+# Steps can be skipped by setting their time to 0, e.g. DECODE_S=0.
 set -u
 export PYTHONPATH="$PWD/python:$PWD/benchmarks:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
+step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NAME.log
+  local name=$1 secs=$2
+  shift 2
+  [ "$secs" -gt 0 ] || return 0
+  timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log"
+}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-timeout "${GRAPHS_S:-100}" python3 -m pytest -q -m gpu tests/gpu/test_engine_graphs.py 2>&1 | tee "$OUT/graphs.log"
-timeout "${SLICE_S:-100}" python3 benchmarks/bench_slice_vs_hf.py --json "$OUT/slice.json" 2>&1 | tee "$OUT/slice.log"
-timeout "${DECODE_S:-200}" python3 benchmarks/bench_decode.py 2>&1 | tee "$OUT/decode.log"
+step graphs "${GRAPHS_S:-100}" python3 -m pytest -q -m gpu tests/gpu/test_engine_graphs.py
+step slice "${SLICE_S:-100}" python3 benchmarks/bench_slice_vs_hf.py --json "$OUT/slice.json"
+step decode "${DECODE_S:-200}" python3 benchmarks/bench_decode.py
+# Per-layer T_a(GDN), T_a(full) and T_e at real shapes for the layer-imbalance study (issue 8).
+step layers_122b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-122b --expert-workers 4 \
+  --out "$OUT/layer_times_122b.json"
+step layers_397b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-397b --expert-workers 4 \
+  --out "$OUT/layer_times_397b.json"
