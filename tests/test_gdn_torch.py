@@ -4,6 +4,8 @@ Tolerances: fp32 comparisons use max|diff| / max|ref| <= 1e-5; bf16 inputs (fp32
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
     torch_recurrent_gated_delta_rule,
 )
 
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.registry import GDN_BACKENDS
 
 FP32_TOL = 1e-5
@@ -44,9 +47,9 @@ def seed() -> None:
     torch.manual_seed(0)
 
 
-def gdn_inputs(total: int, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+def gdn_inputs(total: int, dtype: torch.dtype = torch.float32) -> DeltaInputs:
     # A spread from mild to strong decay so the initial state matters over long and short ranges.
-    return dict(
+    return DeltaInputs(
         q=torch.randn(total, H, K, dtype=dtype),
         k=torch.randn(total, H, K, dtype=dtype),
         v=torch.randn(total, HV, V, dtype=dtype),
@@ -57,21 +60,21 @@ def gdn_inputs(total: int, dtype: torch.dtype = torch.float32) -> dict[str, Tens
     )
 
 
-def token_rows(inp: dict[str, Tensor], index) -> dict[str, Tensor]:
+def token_rows(inp: DeltaInputs, index) -> DeltaInputs:
     """Select tokens from the per-token inputs; the per-head parameters A_log, dt_bias pass through."""
-    return {n: x if n in ("A_log", "dt_bias") else x[index] for n, x in inp.items()}
+    return replace(inp, q=inp.q[index], k=inp.k[index], v=inp.v[index], a=inp.a[index], b=inp.b[index])
 
 
-def hf_gates(inp: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    g = -inp["A_log"].float().exp() * F.softplus(inp["a"].float() + inp["dt_bias"])
-    return g, inp["b"].float().sigmoid()
+def hf_gates(inp: DeltaInputs) -> tuple[Tensor, Tensor]:
+    g = -inp.A_log.float().exp() * F.softplus(inp.a.float() + inp.dt_bias)
+    return g, inp.b.float().sigmoid()
 
 
-def hf_delta(fn, inp: dict[str, Tensor], s: int, e: int, state: Tensor) -> tuple[Tensor, Tensor]:
+def hf_delta(fn, inp: DeltaInputs, s: int, e: int, state: Tensor) -> tuple[Tensor, Tensor]:
     """Run a transformers delta-rule function on tokens [s, e) as a batch of one."""
     g, beta = hf_gates(inp)
     out, final = fn(
-        inp["q"][None, s:e], inp["k"][None, s:e], inp["v"][None, s:e], g=g[None, s:e], beta=beta[None, s:e],
+        inp.q[None, s:e], inp.k[None, s:e], inp.v[None, s:e], g=g[None, s:e], beta=beta[None, s:e],
         initial_state=state[None].clone(), output_final_state=True, use_qk_l2norm_in_kernel=True,
     )
     return out[0], final[0]
@@ -140,7 +143,7 @@ def test_delta_prefill_varlen(backend, ref_fn) -> None:
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     before = pool.clone()
 
-    out = backend.delta_prefill(**inp, cu_seqlens=cu, ssm_state=pool, slots=torch.tensor(slots))
+    out = backend.delta_prefill(inp, cu, pool, torch.tensor(slots))
 
     assert out.shape == (int(cu[-1]), HV, V) and out.dtype == torch.float32
     for i, slot in enumerate(slots):
@@ -157,7 +160,7 @@ def test_delta_decode(backend) -> None:
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     before = pool.clone()
 
-    out = backend.delta_decode(**inp, ssm_state=pool, slots=slots)
+    out = backend.delta_decode(inp, pool, slots)
 
     for i, slot in enumerate(slots.tolist()):
         ref_out, ref_state = hf_delta(torch_recurrent_gated_delta_rule, inp, i, i + 1, before[slot])
@@ -175,15 +178,13 @@ def test_delta_decode_steps_equal_prefill(backend) -> None:
 
     decoded = torch.stack(
         [
-            backend.delta_decode(**token_rows(inp, slice(2 * t, 2 * t + 2)), ssm_state=pool, slots=slots)
+            backend.delta_decode(token_rows(inp, slice(2 * t, 2 * t + 2)), pool, slots)
             for t in range(steps)
         ]
     )  # [steps, B, HV, V]
     # Same tokens regrouped request-major for one varlen prefill.
     request_major = torch.arange(steps * 2).view(steps, 2).T.flatten()
-    out = backend.delta_prefill(
-        **token_rows(inp, request_major), cu_seqlens=cu_seqlens_of([steps, steps]), ssm_state=pool_prefill, slots=slots
-    )
+    out = backend.delta_prefill(token_rows(inp, request_major), cu_seqlens_of([steps, steps]), pool_prefill, slots)
 
     assert rel_err(decoded.transpose(0, 1).flatten(0, 1), out) <= FP32_TOL
     assert rel_err(pool[slots], pool_prefill[slots]) <= FP32_TOL
@@ -194,8 +195,8 @@ def test_delta_decode_padding_rows_leave_real_rows_alone(backend) -> None:
     inp = gdn_inputs(4)
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     pool_ref = pool.clone()
-    out = backend.delta_decode(**inp, ssm_state=pool, slots=torch.tensor([2, 0, 5, 0]))
-    ref = backend.delta_decode(**token_rows(inp, [0, 2]), ssm_state=pool_ref, slots=torch.tensor([2, 5]))
+    out = backend.delta_decode(inp, pool, torch.tensor([2, 0, 5, 0]))
+    ref = backend.delta_decode(token_rows(inp, [0, 2]), pool_ref, torch.tensor([2, 5]))
     assert torch.equal(out[[0, 2]], ref)
     assert torch.equal(pool[1:], pool_ref[1:])
 
@@ -210,9 +211,9 @@ def test_bf16_inputs_fp32_state(backend) -> None:
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     pool32 = pool.clone()
 
-    out = backend.delta_prefill(**inp, cu_seqlens=cu, ssm_state=pool, slots=slots)
-    inp32 = {n: x.float() for n, x in inp.items()}
-    out32 = backend.delta_prefill(**inp32, cu_seqlens=cu, ssm_state=pool32, slots=slots)
+    out = backend.delta_prefill(inp, cu, pool, slots)
+    inp32 = DeltaInputs(**{n: x.float() for n, x in vars(inp).items()})
+    out32 = backend.delta_prefill(inp32, cu, pool32, slots)
     assert out.dtype == torch.bfloat16 and pool.dtype == torch.float32
     assert rel_err(out, out32) <= BF16_TOL
     assert rel_err(pool, pool32) <= FP32_TOL  # state math is fp32 on the same (bf16-exact) inputs
@@ -239,9 +240,9 @@ def test_bf16_state_pool(backend) -> None:
     total = int(cu[-1])
     outs = {}
     for name, pool in (("fp32", pool32), ("bf16", pool16)):
-        res = [backend.delta_prefill(**token_rows(inp, slice(0, total)), cu_seqlens=cu, ssm_state=pool, slots=slots)]
+        res = [backend.delta_prefill(token_rows(inp, slice(0, total)), cu, pool, slots)]
         for t in range(total, total + 16, 2):
-            res.append(backend.delta_decode(**token_rows(inp, slice(t, t + 2)), ssm_state=pool, slots=slots))
+            res.append(backend.delta_decode(token_rows(inp, slice(t, t + 2)), pool, slots))
         outs[name] = torch.cat(res)
     assert pool16.dtype == torch.bfloat16
     assert rel_err(outs["bf16"], outs["fp32"]) <= BF16_STATE_TOL

@@ -8,6 +8,7 @@ from kernel_checks import DEVICE, TOL, assert_close, others, poisoned, random_sl
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.torch_backend import TorchGDNBackend
 from minisgl.kernels.gated_delta_decode import gated_delta_decode
 
@@ -23,10 +24,10 @@ def seed() -> None:
     torch.manual_seed(0)
 
 
-def decode_inputs(batch: int, h: int, hv: int, dk: int, dv: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def decode_inputs(batch: int, h: int, hv: int, dk: int, dv: int, dtype: torch.dtype) -> DeltaInputs:
     """q, k, v as strided views of one fused row, exactly as the mixer slices its conv output."""
     qkv = torch.randn(batch, 2 * h * dk + hv * dv, dtype=dtype, device=DEVICE)
-    return dict(
+    return DeltaInputs(
         q=qkv[:, : h * dk].view(batch, h, dk),
         k=qkv[:, h * dk : 2 * h * dk].view(batch, h, dk),
         v=qkv[:, 2 * h * dk :].view(batch, hv, dv),
@@ -48,10 +49,10 @@ def test_gated_delta_decode(shape: tuple[int, int, int, int], dtype: torch.dtype
     state = torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE) * 0.5
 
     ref_state = state.clone()
-    ref = TorchGDNBackend().delta_decode(**inp, ssm_state=ref_state, slots=slots)
+    ref = TorchGDNBackend().delta_decode(inp, ref_state, slots)
     ours_state = state.clone()
     out = poisoned(slots.shape[0], hv, dv, dtype=dtype)
-    gated_delta_decode(**inp, ssm_state=ours_state, slots=slots, out=out)
+    gated_delta_decode(**vars(inp), ssm_state=ours_state, slots=slots, out=out)
 
     live = slots != 0
     assert_close(out[live], ref[live], TOL[dtype], "decode output")
@@ -69,7 +70,7 @@ def test_gated_delta_decode_tilings(block_v: int, num_warps: int) -> None:
     inp = decode_inputs(4, h, hv, dk, dv, torch.float32)
     state = torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE)
     ref_state = state.clone()
-    ref = TorchGDNBackend().delta_decode(**inp, ssm_state=ref_state, slots=slots)
-    out = gated_delta_decode(**inp, ssm_state=state, slots=slots, block_v=block_v, num_warps=num_warps)
+    ref = TorchGDNBackend().delta_decode(inp, ref_state, slots)
+    out = gated_delta_decode(**vars(inp), ssm_state=state, slots=slots, block_v=block_v, num_warps=num_warps)
     assert_close(out, ref, 1e-3, "decode output")
     assert_close(state[slots], ref_state[slots], 1e-3, "updated state")

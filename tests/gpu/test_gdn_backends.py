@@ -12,6 +12,7 @@ from kernel_checks import DEVICE, assert_close, others, random_slots
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.registry import GDN_BACKENDS
 
 pytestmark = pytest.mark.gpu
@@ -54,10 +55,10 @@ def mixer_step(backend, inp, params, conv_state, ssm_state, slots, cu, shape):
     q = x[:, : h * dk].view(n, h, dk)
     k = x[:, h * dk : 2 * h * dk].view(n, h, dk)
     v = x[:, 2 * h * dk :].view(n, hv, dv)
-    args = (q, k, v, inp["a"], inp["b"], params["A_log"], params["dt_bias"])
+    delta = DeltaInputs(q, k, v, inp["a"], inp["b"], params["A_log"], params["dt_bias"])
     if cu is None:
-        return backend.delta_decode(*args, ssm_state, slots)
-    return backend.delta_prefill(*args, cu, ssm_state, slots)
+        return backend.delta_decode(delta, ssm_state, slots)
+    return backend.delta_prefill(delta, cu, ssm_state, slots)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

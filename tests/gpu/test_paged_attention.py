@@ -1,8 +1,6 @@
 """Triton paged attention (split-KV decode, varlen extend) against TorchAttentionBackend."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 
@@ -10,6 +8,7 @@ from kernel_checks import DEVICE, TOL, assert_close, poisoned
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
+from minisgl.attention.paged_kv import PagedKV
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import TorchAttentionBackend
 from minisgl.forward_batch import ForwardBatch
@@ -28,15 +27,7 @@ def seed() -> None:
     torch.manual_seed(0)
 
 
-@dataclass
-class Paged:
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    table: torch.Tensor
-    page_size: int
-
-
-def paged_pool(kv_heads: int, dim: int, page_size: int, max_len: int, dtype: torch.dtype) -> Paged:
+def paged_pool(kv_heads: int, dim: int, page_size: int, max_len: int, dtype: torch.dtype) -> PagedKV:
     """Random caches (so stray reads and writes show) and table rows of shuffled distinct pages;
     the last row is the dummy, pointing at page 0."""
     width = -(-max_len // page_size)
@@ -45,20 +36,18 @@ def paged_pool(kv_heads: int, dim: int, page_size: int, max_len: int, dtype: tor
     table[:MAX_RUNNING] = (torch.randperm(pages - 1, device=DEVICE) + 1).view(MAX_RUNNING, width).int()
     k = torch.randn(pages * page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
     v = torch.randn(pages * page_size, kv_heads, dim, dtype=dtype, device=DEVICE)
-    return Paged(k, v, table, page_size)
+    return PagedKV(k, v, table, page_size)
 
 
-def run_reference(pool: Paged, prefix: list[int], extend: list[int], heads: int, dtype: torch.dtype):
+def run_reference(pool: PagedKV, prefix: list[int], extend: list[int], heads: int, dtype: torch.dtype):
     """Batch over slots 1..B, its q/k/v, and the reference output, with the new K/V written to the pool."""
     tokens = [[0] * n for n in extend]
-    batch = ForwardBatch.build(tokens, prefix, list(range(1, len(prefix) + 1)), pool.table, pool.page_size, DEVICE)
+    batch = ForwardBatch.build(tokens, prefix, list(range(1, len(prefix) + 1)), pool.page_table, pool.page_size, DEVICE)
     kv_heads, dim = pool.k_cache.shape[1:]
     q = torch.randn(batch.num_tokens, heads, dim, dtype=dtype, device=DEVICE)
     k = torch.randn(batch.num_tokens, kv_heads, dim, dtype=dtype, device=DEVICE)
     v = torch.randn(batch.num_tokens, kv_heads, dim, dtype=dtype, device=DEVICE)
-    ref = TorchAttentionBackend().forward(
-        q, k, v, pool.k_cache, pool.v_cache, batch, pool.table, pool.page_size, dim**-0.5
-    )
+    ref = TorchAttentionBackend().forward(q, k, v, pool, batch, dim**-0.5)
     return batch, (q, k, v), ref
 
 
@@ -72,7 +61,7 @@ def test_paged_decode(config: tuple[int, int, int, int], dtype: torch.dtype) -> 
     k_before, v_before = pool.k_cache.clone(), pool.v_cache.clone()
     for splits in (None, 1, 7):
         out = paged_decode(
-            q, pool.k_cache, pool.v_cache, pool.table, batch.table_rows, batch.seq_lens, page_size, dim**-0.5,
+            q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, page_size, dim**-0.5,
             out=poisoned(*q.shape, dtype=dtype), num_splits=splits,
         )
         assert_close(out, ref, TOL[dtype], f"decode output, {splits} splits")
@@ -87,7 +76,7 @@ def test_paged_decode_padding_rows() -> None:
     lens = torch.cat([batch.seq_lens, torch.zeros(1, dtype=torch.int32, device=DEVICE)])
     q = torch.cat([q, torch.randn(1, 4, 64, device=DEVICE)])
     out = poisoned(*q.shape, dtype=q.dtype)
-    paged_decode(q, pool.k_cache, pool.v_cache, pool.table, rows, lens, 16, 64**-0.5, out=out)
+    paged_decode(q, pool.k_cache, pool.v_cache, pool.page_table, rows, lens, 16, 64**-0.5, out=out)
     assert_close(out[:2], ref, 1e-3, "real rows")
     assert (out[2] == 0).all()
 
@@ -102,7 +91,7 @@ def test_paged_extend(config: tuple[int, int, int, int], dtype: torch.dtype) -> 
     batch, (q, _, _), ref = run_reference(pool, prefix, extend, heads, dtype)
     k_before = pool.k_cache.clone()
     out = paged_extend(
-        q, pool.k_cache, pool.v_cache, pool.table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
+        q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
         max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=dtype),
     )
     assert_close(out, ref, TOL[dtype], "extend output")
@@ -119,6 +108,6 @@ def test_triton_backend(decode: bool) -> None:
     k0, v0 = pool.k_cache.clone(), pool.v_cache.clone()
     batch, (q, k, v), ref = run_reference(pool, prefix, extend, heads, torch.bfloat16)
     backend = ATTENTION_BACKENDS.get("triton")()
-    out = backend.forward(q, k, v, k0, v0, batch, pool.table, page_size, dim**-0.5)
+    out = backend.forward(q, k, v, PagedKV(k0, v0, pool.page_table, page_size), batch, dim**-0.5)
     assert torch.equal(k0, pool.k_cache) and torch.equal(v0, pool.v_cache), "cache writes differ from the reference"
     assert_close(out, ref, TOL[torch.bfloat16], "backend output")

@@ -36,7 +36,7 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import check_finish, new_request, plan_batch, take_output, validate_request
+from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
 from minisgl.scheduler.stop import DecoderFactory
 
 logger = logging.getLogger(__name__)
@@ -216,16 +216,8 @@ class Coordinator:
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)
-        if r is None:
-            return
-        r.finish_reason = FINISH_ABORT
-        lane = self._lane_of[rid]
-        if r.slot is None:
-            lane.waiting.remove(r)
-            self._forget(r)
-        else:
-            self._release(lane, r)
-        self._outbox.append(take_output(r))
+        if r is not None:
+            self._outbox.append(abort_request(r, self._lane_of[rid].waiting, self._forget, self._release))
 
     @property
     def has_work(self) -> bool:
@@ -336,14 +328,10 @@ class Coordinator:
                 r.output_ids.append(tok)
                 check_finish(r, tok, self.eos, self.max_seq_len)
                 touched[id(r)] = r
-        outputs = []
-        for r in touched.values():
-            outputs.append(take_output(r))
-            if r.finished:
-                self._release(self._lane_of[r.rid], r)
-        return outputs
+        return take_outputs(touched.values(), self._release)
 
-    def _release(self, lane: Lane, r: Request) -> None:
+    def _release(self, r: Request) -> None:
+        lane = self._lane_of[r.rid]
         lane.running.remove(r)
         lane.alloc.free(r.slot)
         lane.frees.append(r.slot)  # travels in the next plan, after every step that still uses it

@@ -10,30 +10,18 @@ from __future__ import annotations
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
-from minisgl.gdn.reference_math import gdn_gates
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.triton_backend import TritonGDNBackend
 
 
 class FlaGDNBackend(TritonGDNBackend):
-    def delta_prefill(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        A_log: Tensor,
-        dt_bias: Tensor,
-        cu_seqlens: Tensor,
-        ssm_state: Tensor,
-        slots: Tensor,
-    ) -> Tensor:
-        """q, k [T, H, K], v [T, HV, V], a, b [T, HV] varlen over cu_seqlens -> o [T, HV, V]."""
-        g, beta = gdn_gates(a, b, A_log, dt_bias)  # fp32, exactly the reference's gates
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        """inp varlen over cu_seqlens -> o [T, HV, V]."""
+        g, beta = inp.gates()  # fp32, exactly the reference's gates
         initial = ssm_state[slots]
         o, final = chunk_gated_delta_rule(
-            q[None], k[None], v[None], g[None], beta[None],
-            scale=q.shape[-1] ** -0.5,
+            inp.q[None], inp.k[None], inp.v[None], g[None], beta[None],
+            scale=inp.q.shape[-1] ** -0.5,
             initial_state=initial,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, gdn_gates, prepare_qk
+from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, prepare_qk
 
 
 class TorchGDNBackend:
@@ -44,48 +45,25 @@ class TorchGDNBackend:
         conv_state[slots] = seq[:, :, 1:].to(conv_state.dtype)
         return out.to(x.dtype)
 
-    def delta_prefill(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        A_log: Tensor,
-        dt_bias: Tensor,
-        cu_seqlens: Tensor,
-        ssm_state: Tensor,
-        slots: Tensor,
-    ) -> Tensor:
-        """q, k [T, H, K], v [T, HV, V], a, b [T, HV], ssm_state [N, HV, K, V] -> o [T, HV, V]."""
-        q, k = prepare_qk(q, k, v.shape[-2])
-        g, beta = gdn_gates(a, b, A_log, dt_bias)
-        vf = v.float()
-        out = torch.empty(vf.shape, dtype=torch.float32, device=v.device)
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        """inp varlen over cu_seqlens, ssm_state [N, HV, K, V] -> o [T, HV, V]."""
+        q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2])
+        g, beta = inp.gates()
+        v = inp.v.float()
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         bounds = cu_seqlens.tolist()
         for i, slot in enumerate(slots.tolist()):
             s, e = bounds[i], bounds[i + 1]
             out[s:e], state = chunk_gated_delta_rule(
-                q[s:e], k[s:e], vf[s:e], g[s:e], beta[s:e], ssm_state[slot].float()
+                q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], ssm_state[slot].float()
             )
             ssm_state[slot] = state
-        return out.to(v.dtype)
+        return out.to(inp.v.dtype)
 
-    def delta_decode(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        A_log: Tensor,
-        dt_bias: Tensor,
-        ssm_state: Tensor,
-        slots: Tensor,
-    ) -> Tensor:
-        """q, k [B, H, K], v [B, HV, V], a, b [B, HV]: one recurrent step per request -> [B, HV, V]."""
-        q, k = prepare_qk(q, k, v.shape[-2])
-        g, beta = gdn_gates(a, b, A_log, dt_bias)
-        out, state = gated_delta_step(q, k, v.float(), g, beta, ssm_state[slots].float())
+    def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        """inp of one token per request (T = B): one recurrent step per request -> [B, HV, V]."""
+        q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2])
+        g, beta = inp.gates()
+        out, state = gated_delta_step(q, k, inp.v.float(), g, beta, ssm_state[slots].float())
         ssm_state[slots] = state.to(ssm_state.dtype)
-        return out.to(v.dtype)
+        return out.to(inp.v.dtype)

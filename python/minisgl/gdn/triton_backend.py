@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.torch_backend import TorchGDNBackend
 from minisgl.kernels.conv1d import conv1d_prefill, conv1d_update
 from minisgl.kernels.gated_delta_decode import gated_delta_decode
@@ -24,16 +25,5 @@ class TritonGDNBackend(TorchGDNBackend):
     def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
         return conv1d_update(x, weight, conv_state, slots)
 
-    def delta_decode(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        a: Tensor,
-        b: Tensor,
-        A_log: Tensor,
-        dt_bias: Tensor,
-        ssm_state: Tensor,
-        slots: Tensor,
-    ) -> Tensor:
-        return gated_delta_decode(q, k, v, a, b, A_log, dt_bias, ssm_state, slots)
+    def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        return gated_delta_decode(inp.q, inp.k, inp.v, inp.a, inp.b, inp.A_log, inp.dt_bias, ssm_state, slots)

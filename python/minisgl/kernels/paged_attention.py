@@ -30,6 +30,19 @@ def _kv_tile(cache, table_ptr, row, pos, pmask, PAGE_SIZE: tl.constexpr, kv_head
 
 
 @triton.jit
+def _online_softmax(s, v, m, l, acc, PRECISION: tl.constexpr):
+    """One online-softmax step in base 2: fold a KV tile's scores s [rows, BLOCK_N] (masked ones -inf)
+    and values v [BLOCK_N, BLOCK_D] into each row's running max m, sum l and output acc. The max is
+    floored at -1e30, so a row that has seen no key yet never computes -inf - (-inf); its l stays 0."""
+    m_new = tl.maximum(tl.maximum(m, tl.max(s, axis=1)), -1e30)
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l, acc
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_cache, v_cache, table_ptr, rows_ptr, seqlen_ptr, part_out, part_lse,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table, qk_scale,
@@ -65,13 +78,8 @@ def _paged_decode_kernel(
         k = _kv_tile(k_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_kt, stride_kh, od, dmask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         s = tl.where(pmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
         v = _kv_tile(v_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_vt, stride_vh, od, dmask)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        m, l, acc = _online_softmax(s, v, m, l, acc, PRECISION)
 
     has = l > 0.0
     out = acc / tl.where(has, l, 1.0)[:, None]
@@ -140,15 +148,10 @@ def _paged_extend_kernel(
         pmask = pos < end
         k = _kv_tile(k_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_kt, stride_kh, od, dmask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        # Masked-out rows (past the request's tokens) see no key here; their output is never stored.
         s = tl.where(pmask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        # Masked-out rows (past the request's tokens) see no key; keep their max finite, unstored anyway.
-        m_new = tl.maximum(tl.maximum(m, tl.max(s, axis=1)), -1e30)
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
-        l = l * alpha + tl.sum(p, axis=1)
         v = _kv_tile(v_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_vt, stride_vh, od, dmask)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m = m_new
+        m, l, acc = _online_softmax(s, v, m, l, acc, PRECISION)
     out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
     tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + od[None, :],
              out.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & dmask[None, :])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.attention.paged_kv import PagedKV
 from minisgl.layers.linear import Linear
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -42,10 +43,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, d)
         q = self.rotary.apply(q, ctx.cos, ctx.sin)
         k = self.rotary.apply(k, ctx.cos, ctx.sin)
-        k_cache, v_cache = ctx.pool.kv.layer(self.layer_id)
-        o = self.backend.forward(
-            q, k, v, k_cache, v_cache, ctx.batch, ctx.pool.page_table, ctx.pool.page_size, d**-0.5
-        ).reshape(t, self.num_heads * d)
+        kv = PagedKV(*ctx.pool.kv.layer(self.layer_id), ctx.pool.page_table, ctx.pool.page_size)
+        o = self.backend.forward(q, k, v, kv, ctx.batch, d**-0.5).reshape(t, self.num_heads * d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return self.o_proj(o)

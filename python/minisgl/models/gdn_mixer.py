@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.layers.linear import Linear
 from minisgl.layers.norm import GatedRMSNorm
 from minisgl.models.config import ModelConfig
@@ -49,13 +50,11 @@ class GatedDeltaNet(nn.Module):
         q = qkv[:, :kd].reshape(t, self.num_k_heads, self.k_dim)
         k = qkv[:, kd : 2 * kd].reshape(t, self.num_k_heads, self.k_dim)
         v = qkv[:, 2 * kd :].reshape(t, self.num_v_heads, self.v_dim)
-        a, b = self.in_proj_a(x), self.in_proj_b(x)
+        inp = DeltaInputs(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
         if batch.is_decode:
-            o = self.backend.delta_decode(q, k, v, a, b, self.A_log, self.dt_bias, ssm_state, batch.slots)
+            o = self.backend.delta_decode(inp, ssm_state, batch.slots)
         else:
-            o = self.backend.delta_prefill(
-                q, k, v, a, b, self.A_log, self.dt_bias, batch.cu_seqlens, ssm_state, batch.slots
-            )
+            o = self.backend.delta_prefill(inp, batch.cu_seqlens, ssm_state, batch.slots)
         z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
         o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
         return self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim))

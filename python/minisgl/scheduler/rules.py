@@ -1,14 +1,14 @@
 """Request rules every scheduler applies the same way (colocated and AFD): what may be queued,
-what one step runs, when a request is done, and what a step reports for it."""
+what one step runs, when a request is done or aborted, and what a step reports for it."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Callable, Iterable, Protocol
 
 import torch
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
+from minisgl.scheduler.io import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.stop import DecoderFactory, StopChecker
 
@@ -70,6 +70,33 @@ def take_output(r: Request) -> RequestOutput:
     r.num_reported = len(r.output_ids)
     r.new_logprobs.clear()
     return out
+
+
+def take_outputs(touched: Iterable[Request], release: Callable[[Request], None]) -> list[RequestOutput]:
+    """The reports of the requests a step touched; a finished request is released once reported."""
+    outputs = []
+    for r in touched:
+        outputs.append(take_output(r))
+        if r.finished:
+            release(r)
+    return outputs
+
+
+def abort_request(
+    r: Request,
+    waiting: deque[Request],
+    forget: Callable[[Request], None],
+    release: Callable[[Request], None],
+) -> RequestOutput:
+    """End r as aborted and return its last report. A queued request (no slot yet) leaves `waiting`
+    and is forgotten; a running one is released, which frees its slot and pages and forgets it."""
+    r.finish_reason = FINISH_ABORT
+    if r.slot is None:
+        waiting.remove(r)
+        forget(r)
+    else:
+        release(r)
+    return take_output(r)
 
 
 def new_request(

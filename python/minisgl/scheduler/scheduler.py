@@ -23,7 +23,6 @@ from minisgl.engine.sampler import sample_tensor
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.io import (
-    FINISH_ABORT,
     FINISH_LENGTH,
     GenerateRequest,
     RequestOutput,
@@ -33,7 +32,7 @@ from minisgl.scheduler.io import (
 )
 from minisgl.scheduler.logprobs import LogprobTensors, compute_logprobs, to_entries
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import check_finish, new_request, plan_batch, take_output, validate_request
+from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
 from minisgl.scheduler.stop import DecoderFactory
 
 
@@ -114,15 +113,8 @@ class Scheduler:
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)
-        if r is None:
-            return
-        r.finish_reason = FINISH_ABORT
-        if r.slot is None:
-            self.waiting.remove(r)
-            self._reqs.pop(rid)
-        else:
-            self._release(r)
-        self._outbox.append(take_output(r))
+        if r is not None:
+            self._outbox.append(abort_request(r, self.waiting, self._forget, self._release))
 
     @property
     def has_work(self) -> bool:
@@ -255,15 +247,13 @@ class Scheduler:
                 r.new_logprobs.append(lp_entries[row])
             check_finish(r, tok, self.eos, self.max_seq_len)
             touched[id(r)] = r
-        outputs = []
-        for r in touched.values():
-            outputs.append(take_output(r))
-            if r.finished:
-                self._release(r)
-        return outputs
+        return take_outputs(touched.values(), self._release)
 
     def _release(self, r: Request) -> None:
         self.running.remove(r)
-        self._reqs.pop(r.rid, None)
         self.pool.free(r.slot)
         r.slot = None
+        self._forget(r)
+
+    def _forget(self, r: Request) -> None:
+        self._reqs.pop(r.rid, None)

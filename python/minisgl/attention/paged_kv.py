@@ -1,0 +1,27 @@
+"""One full-attention layer's paged K/V cache, as the attention backends read and write it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """Position p of the request on page-table row r lives at flat index
+    page_table[r, p // page_size] * page_size + p % page_size of both caches."""
+
+    k_cache: torch.Tensor  # [num_pages * page_size, Hkv, D]
+    v_cache: torch.Tensor
+    page_table: torch.Tensor  # [rows, pages per request] int32
+    page_size: int
+
+    def store(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new tokens' k, v [T, Hkv, D] at flat indices loc [T]."""
+        self.k_cache[loc] = k.to(self.k_cache.dtype)
+        self.v_cache[loc] = v.to(self.v_cache.dtype)
+
+    def locations(self, row: int | torch.Tensor, length: int) -> torch.Tensor:
+        """Flat indices of positions [0, length) of the request on table row `row`."""
+        pos = torch.arange(length, device=self.page_table.device)
+        return self.page_table[row][pos // self.page_size].to(torch.int64) * self.page_size + pos % self.page_size

@@ -1,0 +1,26 @@
+"""What one step feeds the gated delta rule, bundled once by the mixer for whichever backend runs it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from minisgl.gdn.reference_math import gdn_gates
+
+
+@dataclass(frozen=True)
+class DeltaInputs:
+    """Per token (flat over the batch): q, k [T, H, K], v [T, HV, V] after the conv, and the raw gate
+    projections a, b [T, HV]; per value head: the layer's A_log, dt_bias [HV]."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    a: Tensor
+    b: Tensor
+    A_log: Tensor
+    dt_bias: Tensor
+
+    def gates(self) -> tuple[Tensor, Tensor]:
+        """(log-decay g, write strength beta) [T, HV], both fp32."""
+        return gdn_gates(self.a, self.b, self.A_log, self.dt_bias)
