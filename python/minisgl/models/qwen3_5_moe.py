@@ -58,8 +58,7 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
     def mixer_half(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything before the MoE block: returns (residual h, the MoE block's input)."""
         mixer = self.self_attn if self.is_full else self.linear_attn
-        h = x + mixer(self.input_layernorm(x), ctx)
-        return h, self.post_attention_layernorm(h)
+        return self.post_attention_layernorm.add_and_norm(x, mixer(self.input_layernorm(x), ctx))
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h, y = self.mixer_half(x, ctx)

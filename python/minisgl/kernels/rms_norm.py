@@ -1,0 +1,135 @@
+"""Row-wise RMSNorm in one launch: the 1 + w (Qwen3.5), plain w (Qwen3) and SiLU-gated (GDN output)
+variants, optionally after a fused residual add. Each replaces the ~8 small torch ops of a norm.
+
+The rounding order is that of the torch reference (layers/norm.py), step by step, with
+r = rsqrt(mean(x²) + eps) in fp32:
+- zero-centered: y = x·r·(1 + w) in fp32, rounded once to x's dtype;
+- plain: y = w · (x·r rounded to x's dtype), rounded to the dtype of that product;
+- gated: the plain y, times silu(z) in fp32, rounded to x's dtype;
+- residual: h = x + delta rounded to x's dtype (as torch's add), and y is the norm of that h.
+
+Inputs [..., C] need a unit-stride last dim and are read through a row stride, so strided views
+(the q half of a fused q/gate projection) are not copied; outputs are new contiguous tensors.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# A program covers about this many elements: one row at hidden 4096, sixteen per-head rows of 128.
+_TILE = 2048
+_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, delta_ptr, h_ptr, z_ptr, w_ptr, y_ptr,
+    stride_x, stride_delta, stride_h, stride_z, stride_y, rows, cols, eps,
+    ONE_PLUS_W: tl.constexpr, GATED: tl.constexpr, HAS_DELTA: tl.constexpr, PRODUCT_DTYPE: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
+    c = tl.arange(0, BLOCK_C)[None, :]
+    mask = (r < rows) & (c < cols)
+    x = tl.load(x_ptr + r * stride_x + c, mask=mask, other=0.0)
+    if HAS_DELTA:
+        delta = tl.load(delta_ptr + r * stride_delta + c, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
+        tl.store(h_ptr + r * stride_h + c, x, mask=mask)
+    xf = x.to(tl.float32)
+    normed = xf * tl.rsqrt(tl.sum(xf * xf, axis=1) / cols + eps)[:, None]
+    w = tl.load(w_ptr + c, mask=c < cols, other=0.0).to(tl.float32)
+    if ONE_PLUS_W:
+        y = normed * (1.0 + w)
+    else:
+        y = (w * normed.to(x.dtype).to(tl.float32)).to(PRODUCT_DTYPE).to(tl.float32)
+        if GATED:
+            z = tl.load(z_ptr + r * stride_z + c, mask=mask, other=0.0).to(tl.float32)
+            y = y * (z / (1.0 + tl.exp(-z)))
+    tl.store(y_ptr + r * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t as [rows, C] with a unit-stride last dim: a view when the leading dims collapse."""
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _output(out: torch.Tensor | None, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if out is None:
+        return torch.empty(like.shape, dtype=dtype, device=like.device)
+    if out.shape != like.shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {tuple(like.shape)}")
+    return out
+
+
+def _launch(
+    zero_centered: bool,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    delta: torch.Tensor | None = None,
+    h_out: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+) -> torch.Tensor:
+    cols = x.shape[-1]
+    if weight.shape != (cols,):
+        raise ValueError(f"weight {tuple(weight.shape)} does not match rows of width {cols}")
+    product_dtype = torch.promote_types(weight.dtype, x.dtype)
+    plain = not zero_centered and z is None  # only the plain variant returns its product's dtype
+    out = _output(out, x, product_dtype if plain else x.dtype)
+    x2 = _rows(x)
+    rows = x2.shape[0]
+    if rows == 0:
+        return out
+    h2 = delta2 = z2 = x2  # stand-ins for the pointers the variant does not read
+    if delta is not None:
+        delta2, h2 = _rows(delta), h_out.view(-1, cols)
+    if z is not None:
+        z2 = _rows(z)
+    y2 = out.view(-1, cols)
+    block_c = triton.next_power_of_2(cols)
+    block_r = max(1, _TILE // block_c)
+    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
+        x2, delta2, h2, z2, weight, y2,
+        x2.stride(0), delta2.stride(0), h2.stride(0), z2.stride(0), y2.stride(0), rows, cols, eps,
+        ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None,
+        PRODUCT_DTYPE=_TL_DTYPE[product_dtype],
+        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8 if block_r * block_c >= 4096 else 4,
+    )
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., C] with weight [C]."""
+    return _launch(zero_centered, x, weight, eps, out)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    zero_centered: bool,
+    h_out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm(h)) for the residual sum h = x + delta, in one pass over the rows."""
+    if delta.shape != x.shape or delta.dtype != x.dtype:
+        raise ValueError(f"delta {delta.dtype}{tuple(delta.shape)} must match x {x.dtype}{tuple(x.shape)}")
+    h_out = _output(h_out, x, x.dtype)
+    y = _launch(zero_centered, x, weight, eps, out, delta=delta, h_out=h_out)
+    return h_out, y
+
+
+def gated_rms_norm(
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """GDN's output norm: w · norm(x) · silu(z), rows of x and z [..., C] paired."""
+    if z.shape != x.shape:
+        raise ValueError(f"gate {tuple(z.shape)} must match x {tuple(x.shape)}")
+    return _launch(False, x, weight, eps, out, z=z)
