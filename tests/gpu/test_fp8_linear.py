@@ -2,10 +2,9 @@
 random inputs, output memory poisoned with NaN first.
 
 Tolerances, as max |err| / max |ref|:
-- EMULATED 1e-2 against torch on the same FP8 operands (activations quantised by the same rule):
-  only the fp32 summation order and the bf16 output rounding (2^-9 relative) differ, plus the odd
-  activation landing on the other side of an FP8 rounding boundary (kernel and torch divide
-  x / scale with different fp32 rounding).
+- EMULATED 1e-2 against torch on the same FP8 operands (activations quantised by the same rule,
+  bit for bit: see test_activation_quantiser_is_bit_exact): only the fp32 summation order and the
+  bf16 output rounding (2^-9 relative) differ.
 - PLAIN 6e-2 against bf16 activations on the dequantised weights: e4m3 keeps 3 mantissa bits, so
   each quantised activation is off by up to 2^-4 relative (about 2.5% rms); a K-term dot product
   of random terms carries that same relative rms error, and its max over all outputs stays near
@@ -21,6 +20,7 @@ from fp8_refs import DEVICE, emulated_linear, plain_linear, poison_allocator, re
 pytest.importorskip("triton")
 
 from minisgl.kernels.fp8_gemm import fp8_linear
+from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.layers.fp8 import FP8_DTYPE, quantize_block_fp8
 from minisgl.layers.fp8_linear import Fp8Linear
 
@@ -37,6 +37,19 @@ def _weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     w = torch.randn(n, k, device=DEVICE) / k**0.5
     w = w * torch.rand(n, 1, device=DEVICE).add(0.5) * torch.rand(1, k, device=DEVICE).add(0.5)
     return quantize_block_fp8(w)
+
+
+@pytest.mark.parametrize("m,k", [(1, 3072), (64, 8192), (37, 320), (5, 64)])
+def test_activation_quantiser_is_bit_exact(m: int, k: int) -> None:
+    """Same codes and scales as layers/fp8.quantize_block_fp8 with block (1, 128), the reference rule."""
+    torch.manual_seed(m + k)
+    x = (torch.randn(m, k, device=DEVICE) * torch.rand(m, 1, device=DEVICE).mul(8)).to(torch.bfloat16)
+    x[m // 2, : k // 2] = 0  # an all-zero group (padding) scales by 1
+    poison_allocator()
+    q, s = quantize_activations(x)
+    ref_q, ref_s = quantize_block_fp8(x.float(), (1, 128))
+    assert torch.equal(s, ref_s)
+    assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

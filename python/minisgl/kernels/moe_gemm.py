@@ -5,6 +5,9 @@
 - `moe_down`: y = p * (h W_down^T) written to the pair's own row t * k + j (p its routing weight).
 - `moe_combine`: out[t] = sum_j y[t * k + j] over the pairs with a valid id, in fp32.
 
+FP8: the activations (x, then h) are quantised once per call, per token in 128-groups
+(kernels/fp8_quant.py), and the kernels read the FP8 codes and their group scales.
+
 Grid: (weight tile, block). A program loads its block's expert and real-row count first and exits
 if the block is unused, so the buffers are sized from T * k alone and the launch never syncs.
 Tokens are the MMA's narrow side (acc is [BLOCK_N, BLOCK_M]), as in fp8_gemm.
@@ -15,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8_gemm import GROUP, load_k_tile, load_scale, num_sms, scaled_dot
+from minisgl.kernels.fp8_gemm import load_k_tile, load_scale, num_sms, scaled_dot
+from minisgl.kernels.fp8_quant import GROUP, quantize_activations
 from minisgl.kernels.moe_align import ExpertGrouping
 
 
@@ -43,9 +47,9 @@ def _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_
 
 @triton.jit
 def _moe_gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, h_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    x_ptr, xs_ptr, w_ptr, s_ptr, h_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     top_k, inter, K,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+    stride_xm, stride_xsm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
@@ -59,15 +63,17 @@ def _moe_gate_up_kernel(
     us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
     token = (pair // top_k).to(tl.int64)
     x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    xs_ptrs = xs_ptr + token * stride_xsm
     acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BLOCK_K)):
         k_left = K - kb * BLOCK_K
-        xf = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K).to(tl.float32)
+        x = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K)
+        xs = load_scale(xs_ptrs + kb, real, FP8)
         g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
         u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc_g += scaled_dot(g, xf, load_scale(gs_ptrs + kb, n_ok, FP8), FP8)
-        acc_u += scaled_dot(u, xf, load_scale(us_ptrs + kb, n_ok, FP8), FP8)
+        acc_g += scaled_dot(g, x, load_scale(gs_ptrs + kb, n_ok, FP8), xs, FP8)
+        acc_u += scaled_dot(u, x, load_scale(us_ptrs + kb, n_ok, FP8), xs, FP8)
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -78,9 +84,9 @@ def _moe_gate_up_kernel(
 
 @triton.jit
 def _moe_down_kernel(
-    h_ptr, w_ptr, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    h_ptr, hs_ptr, w_ptr, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     N, K,
-    stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+    stride_hm, stride_hsm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
     FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
@@ -90,12 +96,13 @@ def _moe_down_kernel(
     w_ptrs, s_ptrs, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
                                              BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
+    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BLOCK_K)):
         k_left = K - kb * BLOCK_K
-        h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K).to(tl.float32)
+        h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc += scaled_dot(w, h, load_scale(s_ptrs + kb, n_ok, FP8), FP8)
+        acc += scaled_dot(w, h, load_scale(s_ptrs + kb, n_ok, FP8), load_scale(hs_ptrs + kb, real, FP8), FP8)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
@@ -124,6 +131,11 @@ def _weight_block(n: int, blocks: int, device: torch.device) -> int:
     return 64 if triton.cdiv(n, 64) * blocks >= 2 * num_sms(device) else 32
 
 
+def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, group scales) for FP8 weights; x itself twice for BF16 ones (the scales unread)."""
+    return quantize_activations(x) if fp8 else (x, x)
+
+
 def moe_gate_up(
     x: torch.Tensor,  # [T, H] bf16
     gate_up: torch.Tensor,  # [E, 2I, H] fp8 or bf16, gate rows first
@@ -139,11 +151,12 @@ def moe_gate_up(
     fp8 = gate_up_scale is not None
     h = torch.empty(g.rows.shape[0], inter, dtype=x.dtype, device=x.device)
     bn = block_n or _weight_block(inter, g.max_blocks, x.device)
+    xq, xs = _activations(x, fp8)
     scale = gate_up_scale if fp8 else gate_up  # unused pointer when bf16
     _moe_gate_up_kernel[(triton.cdiv(inter, bn), g.max_blocks)](
-        x, gate_up, scale, h, g.rows, g.block_expert, g.block_rows,
+        xq, xs, gate_up, scale, h, g.rows, g.block_expert, g.block_rows,
         g.top_k, inter, k,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1),
+        xq.stride(0), xs.stride(0), gate_up.stride(0), gate_up.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8,
         BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
@@ -167,11 +180,12 @@ def moe_down(
     fp8 = down_scale is not None
     y = torch.empty(weights.numel(), n, dtype=h.dtype, device=h.device)
     bn = block_n or _weight_block(n, g.max_blocks, h.device)
+    hq, hs = _activations(h, fp8)
     scale = down_scale if fp8 else down
     _moe_down_kernel[(triton.cdiv(n, bn), g.max_blocks)](
-        h, down, scale, y, weights.contiguous(), g.rows, g.block_expert, g.block_rows,
+        hq, hs, down, scale, y, weights.contiguous(), g.rows, g.block_expert, g.block_rows,
         n, k,
-        h.stride(0), down.stride(0), down.stride(1),
+        hq.stride(0), hs.stride(0), down.stride(0), down.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
         FP8=fp8, BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
         num_warps=num_warps, num_stages=num_stages,

@@ -41,7 +41,9 @@ def quantize_block_fp8(
     blocks = padded.reshape(*w.shape[:-2], nb0, b0, nb1, b1)
     amax = blocks.abs().amax(dim=(-3, -1))
     # An all-zero block would give scale 0 and 0/0 = NaN; any positive scale encodes zeros exactly.
-    scale_inv = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # A tensor divisor: CUDA torch turns division by a Python scalar into a product with its
+    # reciprocal, which rounds differently; a true division gives the same scales on every device.
+    scale_inv = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     q = (wf / _expand_scale(scale_inv, rows, cols, block)).clamp(-FP8_MAX, FP8_MAX)
     return q.to(FP8_DTYPE), scale_inv
 
