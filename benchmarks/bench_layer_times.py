@@ -7,13 +7,16 @@ AFD pipeline simulator needs to predict a step (`python -m minisgl.tools.pipelin
 - T_e: one expert worker's routed experts (E/N of them, --expert-workers N) over `tokens` rows
   routed top-k over all E experts, the way an expert worker receives them.
 
-    python benchmarks/bench_layer_times.py --model qwen35-122b [--contexts 1024,4096,8192,16384,32768]
+    python benchmarks/bench_layer_times.py --model qwen35-122b [--fp8] [--contexts 1024,4096,8192,16384,32768]
         [--batches 8,16,32,64,128] [--tokens 16,32,64,128,256,512,1024] [--expert-workers 4]
-        [--attention-backend auto --gdn-backend auto --moe-backend auto] [--out layer_times.json]
+        [--attention-backend auto --gdn-backend auto --moe-backend auto] [--eager] [--out layer_times.json]
     python benchmarks/bench_layer_times.py --model tiny --contexts 256,1024 --batches 4,16 --tokens 8,32  # CPU
 
-CUDA events on a GPU (median of --reps after warm-up), the monotonic clock on the CPU. Writes the
-JSON to --out, or to $OUT/layer_times.json when $OUT is set, and prints a table.
+Weights are `--load-format dummy`'s (seeded, FP8 codes plus block scales with --fp8, as the FP8
+checkpoints hold them on the GPU). On a GPU each piece is captured in a CUDA graph and the replays
+timed with CUDA events (median of --reps after warm-up): kernel time, as a graph-replayed worker
+would spend it; --eager times the eager calls instead, host launch cost included. The monotonic
+clock on the CPU. Writes the JSON to --out, or to $OUT/layer_times.json when $OUT is set.
 """
 from __future__ import annotations
 
@@ -30,19 +33,27 @@ from torch import nn
 
 from minisgl.afd.expert_stage import ExpertStage
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import build_backends, build_module, pool_layout
+from minisgl.engine.engine import build_backends, build_module, fp8_storage, pool_layout
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.layers.linear import Linear
 from minisgl.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from minisgl.models.dummy_weights import init_dummy_weights
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.moe.local_moe import SharedExpert
 from minisgl.moe.router import route
 from minisgl.tools.pipeline import model_config
 
 
-def time_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
+def time_us(fn: Callable[[], object], device: torch.device, reps: int, graph: bool) -> float:
     for _ in range(3):
+        fn()
+    if graph:
+        torch.cuda.synchronize()
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        fn = captured.replay
         fn()
     times = []
     for _ in range(reps):
@@ -61,10 +72,8 @@ def time_us(fn: Callable[[], object], device: torch.device, reps: int) -> float:
 
 
 def randomize(module: nn.Module) -> nn.Module:
-    """Small random weights: no NaN or overflow from uninitialised memory, and routing spreads
-    the tokens over the experts."""
-    for p in module.parameters():
-        p.data.copy_((torch.randn(p.shape, device=p.device) * 0.02).to(p.dtype))
+    """`--load-format dummy`'s weights: finite activations, and routing that spreads the tokens."""
+    init_dummy_weights(module, seed=0)
     return module
 
 
@@ -84,6 +93,8 @@ def main() -> None:
     ap.add_argument("--attention-backend", default="auto")
     ap.add_argument("--gdn-backend", default="auto")
     ap.add_argument("--moe-backend", default="auto")
+    ap.add_argument("--fp8", action="store_true", help="the FP8 checkpoint's layout (GPU only)")
+    ap.add_argument("--eager", action="store_true", help="time eager calls, not CUDA-graph replays")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=None)
     ns = ap.parse_args()
@@ -92,20 +103,27 @@ def main() -> None:
     dtype = torch.bfloat16 if gpu else torch.float32
     if not gpu:
         torch.set_num_threads(1)
-    config = one_of_each(model_config(ns.model))
+    config = one_of_each(model_config(ns.model, ns.fp8))
+    fp8 = fp8_storage(config, device)
+    if ns.fp8 and fp8 is None:
+        raise SystemExit("--fp8 needs a GPU (the CPU path dequantises FP8 weights)")
     if config.num_experts % ns.expert_workers:
         raise SystemExit(f"{config.num_experts} experts do not split over {ns.expert_workers} expert workers")
     backends = build_backends(EngineArgs(attention_backend=ns.attention_backend, gdn_backend=ns.gdn_backend,
                                          moe_backend=ns.moe_backend), device)
     h, E = config.hidden_size, config.num_experts
-    model = randomize(build_module(lambda: Qwen3_5MoeForCausalLM(config, backends, lambda i: nn.Identity()), dtype, device))
+    model = randomize(
+        build_module(lambda: Qwen3_5MoeForCausalLM(config, backends, lambda i: nn.Identity()), dtype, device, fp8)
+    )
     router = randomize(build_module(lambda: Linear(h, E), dtype, device))
-    shared = randomize(build_module(lambda: SharedExpert(h, config.shared_expert_intermediate_size), dtype, device))
+    shared = randomize(build_module(lambda: SharedExpert(h, config.shared_expert_intermediate_size), dtype, device, fp8))
     shared_gate = randomize(build_module(lambda: Linear(h, 1), dtype, device))
     gdn = model.layers[config.layer_types.index(LINEAR_ATTENTION)]
     full = model.layers[config.layer_types.index(FULL_ATTENTION)]
-    t = lambda fn: round(time_us(fn, device, ns.reps), 1)  # noqa: E731
+    graphs = gpu and not ns.eager
+    t = lambda fn: round(time_us(fn, device, ns.reps, graphs), 1)  # noqa: E731
     out: dict = dict(model=ns.model, device=torch.cuda.get_device_name() if gpu else "cpu", dtype=str(dtype),
+                     fp8=fp8 is not None, timing="cuda graph replay" if graphs else "eager",
                      torch=torch.__version__, expert_workers=ns.expert_workers, attn={"gdn": [], "full": []},
                      shared=[], head=[], tail=[], expert=[])
 
@@ -131,7 +149,7 @@ def main() -> None:
             out["tail"].append([b, t(lambda: model.logits(y, batch))])
             out["head"].append([b, t(lambda: model.embed_tokens(batch.input_ids))])
         count = E // ns.expert_workers
-        stage = randomize(build_module(lambda: ExpertStage(config, 0, count, backends.moe), dtype, device))
+        stage = randomize(build_module(lambda: ExpertStage(config, 0, count, backends.moe), dtype, device, fp8))
         print(f"\nT_e: one expert worker, experts [0, {count}) of {E}, top-{config.top_k}")
         for n in (int(x) for x in ns.tokens.split(",")):
             xs = torch.randn(n, h, dtype=dtype, device=device)

@@ -19,7 +19,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from gpu_timing import copy_tbps, median_us, table
+from gpu_timing import copy_tbps, graph_us, median_us, table
 from minisgl.kernels.fp8_gemm import fp8_linear
 from minisgl.kernels.moe_align import align_experts
 from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up
@@ -139,21 +139,30 @@ def scaled_mm_block(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.
     return torch._scaled_mm(xq, w.t(), scale_a=xs.t().contiguous().t(), scale_b=ws, out_dtype=torch.bfloat16)
 
 
+L2_ROTATION_BYTES = 256 << 20  # weight copies per graph: together 5x the H200's 50 MB L2
+
+
 def linear_rows(tokens: list[int], copy: float, sweep: bool) -> list[dict[str, object]]:
+    """The FP8 linear and BF16 cuBLAS timed in CUDA graphs over enough weight copies that every call
+    reads its weight from HBM (gpu_timing.graph_us); _scaled_mm eagerly (it is far slower anyway)."""
     rows = []
     for name, n, k in LINEARS:
         w, s = quantize_block_fp8(torch.randn(n, k, device=DEV) / k**0.5)
         w16 = dequantize_block_fp8(w, s, dtype=torch.bfloat16)
         nbytes = w.numel() + s.numel() * 4
+        copies = [(w.clone(), s.clone(), w16.clone()) for _ in range(-(-L2_ROTATION_BYTES // nbytes))]
         for m in tokens:
             x = torch.randn(m, k, dtype=torch.bfloat16, device=DEV)
-            ours = median_us(lambda: fp8_linear(x, w, s))
-            row = {"linear": name, "N": n, "K": k, "M": m, "fp8 triton us": ours,
-                   "vs copy": nbytes / ours / 1e6 / copy}
+
+            def ours(**cfg: int) -> float:
+                return graph_us([lambda w=w, s=s: fp8_linear(x, w, s, **cfg) for w, s, _ in copies])
+
+            us = ours()
+            row = {"linear": name, "N": n, "K": k, "M": m, "fp8 triton us": us, "vs copy": nbytes / us / 1e6 / copy}
             if sweep:
-                best = min((median_us(lambda: fp8_linear(x, w, s, block_n=bn, split_k=sk), 10, 40), bn, sk)
-                           for bn in (16, 32, 64, 128) for sk in (1, 2, 4, 8))
-                row["best us (BLOCK_N, split)"] = f"{best[0]:.1f} ({best[1]}, {best[2]})"
+                best = min((ours(block_n=bn, split_k=sk, num_stages=st), bn, sk, st)
+                           for bn in (32, 64, 128) for sk in (1, 2, 4, 8) for st in (3, 5))
+                row["best us (BLOCK_N, split, stages)"] = f"{best[0]:.1f} {best[1:]}"
             try:
                 ref = x.float() @ w16.float().t()
                 err = ((scaled_mm_block(x, w, s).float() - ref).abs().max() / ref.abs().max()).item()
@@ -162,7 +171,7 @@ def linear_rows(tokens: list[int], copy: float, sweep: bool) -> list[dict[str, o
             except Exception as e:  # noqa: BLE001 - report why this torch cannot do block scaling
                 row["_scaled_mm us (quant+mm)"] = f"fails: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
                 row["_scaled_mm rel err"] = "-"
-            bf16 = median_us(lambda: F.linear(x, w16))
+            bf16 = graph_us([lambda w16=w16: F.linear(x, w16) for _, _, w16 in copies])
             row["bf16 cuBLAS us"] = bf16
             row["bf16 vs copy"] = 2 * n * k / bf16 / 1e6 / copy
             rows.append(row)

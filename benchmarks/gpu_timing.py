@@ -13,6 +13,21 @@ def median_us(fn: Callable[[], object], warmup_ms: int = 10, rep_ms: int = 50) -
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 
+def graph_us(calls: list[Callable[[], object]], warmup_ms: int = 10, rep_ms: int = 50) -> float:
+    """Median device time of one call, with `calls` captured back to back in one CUDA graph, as a
+    decode step replays them: no host launch cost. Give calls over distinct operands whose bytes
+    together exceed the L2 (50 MB on an H200), so each call reads its operands from HBM, as each
+    layer does in decode."""
+    for call in calls:  # compile and allocate outside the capture
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    return median_us(graph.replay, warmup_ms, rep_ms) / len(calls)
+
+
 def copy_tbps() -> float:
     """Device-to-device copy of 2 GiB, read + write bytes counted, in TB/s."""
     src = torch.randn(1 << 29, device="cuda")

@@ -14,11 +14,13 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NA
   timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+step tests "${TESTS_S:-0}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests/gpu}
+step moe "${MOE_S:-0}" python3 benchmarks/bench_moe.py ${MOE_ARGS:-}
 step graphs "${GRAPHS_S:-100}" python3 -m pytest -q -m gpu tests/gpu/test_engine_graphs.py
 step slice "${SLICE_S:-100}" python3 benchmarks/bench_slice_vs_hf.py --json "$OUT/slice.json"
 step decode "${DECODE_S:-200}" python3 benchmarks/bench_decode.py
 # Per-layer T_a(GDN), T_a(full) and T_e at real shapes for the layer-imbalance study (issue 8).
-step layers_122b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-122b --expert-workers 4 \
-  --out "$OUT/layer_times_122b.json"
-step layers_397b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-397b --expert-workers 4 \
-  --out "$OUT/layer_times_397b.json"
+step layers_122b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-122b --fp8 \
+  --expert-workers 4 --batches 16,64,128 --out "$OUT/layer_times_122b.json"
+step layers_397b "${LAYERS_S:-0}" python3 benchmarks/bench_layer_times.py --model qwen35-397b --fp8 \
+  --expert-workers 4 --batches 16,64,128 --out "$OUT/layer_times_397b.json"

@@ -29,8 +29,9 @@ from minisgl.tools.pipeline_workload import Costs, Workload, build_spec, kinds_o
 ALIASES = {"qwen35-35b": "Qwen3.5-35B-A3B", "qwen35-122b": "Qwen3.5-122B-A10B", "qwen35-397b": "Qwen3.5-397B-A17B"}
 
 
-def model_config(name: str) -> ModelConfig:
-    """An alias (qwen35-122b), a known model name, "tiny" (the test checkpoints' shapes), or a checkpoint dir."""
+def model_config(name: str, fp8: bool = False) -> ModelConfig:
+    """An alias (qwen35-122b), a known model name, "tiny" (the test checkpoints' shapes), or a checkpoint
+    dir; `fp8` gives a known model's FP8 checkpoint config (its quantization_config)."""
     if os.path.isdir(name):
         return load_config(name)
     if name == "tiny":
@@ -39,7 +40,7 @@ def model_config(name: str) -> ModelConfig:
         return parse_config(qwen35_moe_config(8))
     if ALIASES.get(name, name) not in known_models():
         raise SystemExit(f"unknown model {name!r}: one of {', '.join([*ALIASES, *known_models(), 'tiny'])}, or a directory")
-    return parse_config(hf_config(ALIASES.get(name, name)))
+    return parse_config(hf_config(ALIASES.get(name, name), fp8))
 
 
 def parse_ratio(text: str) -> tuple[int, int]:
