@@ -132,7 +132,9 @@ def _weight_block(n: int, blocks: int, device: torch.device) -> int:
 
 
 def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, group scales) for FP8 weights; x itself twice for BF16 ones (the scales unread)."""
+    """(codes, group scales) for FP8 weights; x itself twice for BF16 ones (the scales unread).
+    For h this quantises every row, unused ones too (their garbage is never read): sizing by the
+    real row count would need a host sync, and h is small beside the expert weights."""
     return quantize_activations(x) if fp8 else (x, x)
 
 
