@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,12 +30,13 @@ class Server:
     url: str  # http://127.0.0.1:PORT
     proc: subprocess.Popen
     log: Path
+    headers: dict[str, str] = field(default_factory=dict)  # the API key's, when the server has one
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return httpx.get(self.url + path, timeout=30, **kw)
+        return httpx.get(self.url + path, timeout=30, headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     def post(self, path: str, **kw) -> httpx.Response:
-        return httpx.post(self.url + path, timeout=60, **kw)
+        return httpx.post(self.url + path, timeout=60, headers={**self.headers, **kw.pop("headers", {})}, **kw)
 
     def log_tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:]
@@ -58,15 +59,17 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_server(log_dir: Path, *flags: str) -> Iterator[Server]:
+def running_server(log_dir: Path, *flags: str, api_key: str | None = None) -> Iterator[Server]:
     port = _free_port()
     log = log_dir / f"server-{port}.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(port), "--log-level", "warning", *flags]
+    if api_key is not None:
+        cmd += ["--api-key", api_key]
     with open(log, "w") as out:
         # Its own process group, so teardown can stop the children even if the server is stuck.
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    server = Server(f"http://127.0.0.1:{port}", proc, log, {"Authorization": f"Bearer {api_key}"} if api_key else {})
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while True:

@@ -1,5 +1,7 @@
-"""Kill the engine process under load: in-flight requests get errors, new requests get a 503 with
-the reason, and nothing hangs (the whole scenario is bounded by DEATH_TIMEOUT)."""
+"""Kill the engine (or the detokenizer) under load: in-flight requests get errors, new requests get a
+503 with the reason, the gauges stop reporting requests that no longer run, the surviving child is
+stopped rather than left running orphaned requests, and nothing hangs (each scenario is bounded by
+DEATH_TIMEOUT)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +9,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,13 +32,27 @@ async def _stream(client: httpx.AsyncClient, started: asyncio.Event) -> str:
     return last
 
 
-async def _scenario(url: str, engine_pid: int) -> tuple[list[str], list[httpx.Response], httpx.Response]:
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _gauges(server) -> dict[str, float]:
+    return {line.split("{")[0]: float(line.split()[-1]) for line in server.get("/metrics").text.splitlines()
+            if line.startswith(("minisgl:num_running_reqs", "minisgl:num_queue_reqs"))}
+
+
+async def _scenario(url: str, victim: int) -> tuple[list[str], list[httpx.Response], httpx.Response]:
     async with httpx.AsyncClient(base_url=url, timeout=DEATH_TIMEOUT) as client:
         started = asyncio.Event()
         streams = [asyncio.ensure_future(_stream(client, started)) for _ in range(12)]
         posts = [asyncio.ensure_future(client.post("/v1/completions", json=BODY)) for _ in range(6)]
         await asyncio.wait_for(started.wait(), DEATH_TIMEOUT)
-        os.kill(engine_pid, signal.SIGKILL)
+        await asyncio.sleep(0.6)  # a stats report with the running requests reaches the gauges
+        os.kill(victim, signal.SIGKILL)
         done = await asyncio.wait_for(asyncio.gather(*streams, *posts), DEATH_TIMEOUT)
         after = await client.post("/v1/completions", json={**BODY, "max_tokens": 2})
         return done[: len(streams)], done[len(streams) :], after
@@ -58,6 +75,28 @@ def test_engine_killed_under_load(tmp_path, _isolated_cache) -> None:
         assert health.status_code == 503 and "engine" in health.json()["error"]["message"]
         assert server.get("/server_info").json()["dead_reason"]
         assert server.proc.poll() is None, "the API server stays up to report the failure"
+        assert _gauges(server) == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
+        assert server.get("/server_info").json()["stats"] is None
+
+
+@pytest.mark.load
+def test_detokenizer_killed_under_load(tmp_path, _isolated_cache) -> None:
+    """Without its detokenizer the engine's work reaches nobody: it is stopped, not left running."""
+    with running_server(tmp_path, *SERVER_FLAGS) as server:
+        info = server.get("/server_info").json()
+        engine, detokenizer = info["engine_pid"], info["detokenizer_pid"]
+        start = time.monotonic()
+        streams, posts, after = asyncio.run(_scenario(server.url, detokenizer))
+        assert time.monotonic() - start < DEATH_TIMEOUT
+        for last in streams:
+            assert "detokenizer process was killed by signal 9" in json.loads(last)["error"]["message"], last
+        assert all(r.status_code == 503 for r in posts) and after.status_code == 503
+        deadline = time.monotonic() + 5
+        while _running(engine) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(engine), "the engine keeps running requests nobody can receive"
+        assert server.get("/health").status_code == 503
+        assert _gauges(server) == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
 
 
 @pytest.mark.load

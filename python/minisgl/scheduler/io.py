@@ -64,6 +64,7 @@ class SchedulerInfo:
     total_pages: int
     max_running_requests: int
     device: str
+    supports_logprobs: bool = True  # logprobs and prompt_logprobs can be asked for
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,13 @@ _HELP = {
     "max_prefill_tokens": "max prompt tokens of all requests per step",
     "served_model_name": "the model name clients send (default: the model path)",
     "watchdog_timeout": "seconds one step may take before the engine counts as hung and is stopped",
+    "api_key": "require `Authorization: Bearer KEY` on /v1/* and the admin routes (/health, /metrics stay open)",
+    "max_queued_requests": "choices that may wait beyond the running slots; more get 503 with Retry-After "
+                           "(default: %(default)s)",
+    "max_request_body_bytes": "larger request bodies get 413 (default: %(default)s)",
+    "body_read_timeout": "seconds a client may take to send its request body, else 408 (default: %(default)s)",
+    "max_logprob_entries": "logprob entries (token + alternatives, prompt and output, all choices) one request may "
+                           "produce, else 400 (default: %(default)s)",
 }
 
 

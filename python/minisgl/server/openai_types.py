@@ -3,7 +3,7 @@ stop_token_ids, ignore_eos, skip_special_tokens, prompt_logprobs, return_token_i
 vLLM does. Responses are built as plain dicts in responses.py."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,7 +11,9 @@ from minisgl.sampling_params import MAX_LOGPROBS
 
 MAX_N = 128  # choices per prompt
 MAX_CHOICES = 1024  # choices per request, over a batch of prompts
-TokenIds = list[int]
+# The schema states the minimum lengths the server enforces: no empty prompt, no empty message list.
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
@@ -48,7 +50,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str], TokenIds, list[TokenIds]]
+    prompt: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(min_length=1)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1)]]
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -68,7 +71,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool = False
