@@ -1,7 +1,8 @@
 """The one path every generation request takes before the engine sees it. Everything is checked
 before anything is registered, and a request is sent whole or not at all:
 
-- every value must be one the engine can hold (integers within 64 bits, strings valid UTF-8);
+- every value must be one the engine can hold (integers within 64 bits, strings without lone
+  UTF-16 surrogates);
 - the engine must support what is asked (the AFD coordinator has no logprobs yet);
 - the logprob entries the request may produce stay within --max-logprob-entries;
 - the waiting queue stays within --max-queued-requests (503 with Retry-After beyond it).
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from minisgl.scheduler.io import GenerateRequest
-from minisgl.server.engine_client import EngineClient, EngineUnavailable, Submission
+from minisgl.server.engine_client import EngineClient, EngineUnavailable, RequestIdInUse, Submission
 from minisgl.server.errors import ApiError
 
 # What msgpack carries and a torch generator takes as a seed: int64 and uint64 together.
@@ -29,10 +30,10 @@ REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_LEN = 128
 
 
-def unholdable(value: Any, path: str) -> tuple[str, str] | None:
-    """(where, why) for the first value nested in `value` that cannot cross to the engine: an
-    integer beyond 64 bits or a string with a lone UTF-16 surrogate (JSON allows both)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+def unholdable(value: Any, path: str, ints: bool = True) -> tuple[str, str] | None:
+    """(where, why) for the first value nested in `value` that cannot cross to the engine: a string
+    with a lone UTF-16 surrogate or, with `ints`, an integer beyond 64 bits (JSON allows both)."""
+    if ints and isinstance(value, int) and not isinstance(value, bool):
         return None if INT_MIN <= value <= INT_MAX else (path, f"{value} does not fit in 64 bits")
     if isinstance(value, str):
         try:
@@ -47,14 +48,14 @@ def unholdable(value: Any, path: str) -> tuple[str, str] | None:
     elif isinstance(value, Mapping):
         pairs = value.items()
     elif isinstance(value, Sequence):
-        return next(filter(None, (unholdable(v, f"{path}[{i}]") for i, v in enumerate(value))), None)
+        return next(filter(None, (unholdable(v, f"{path}[{i}]", ints) for i, v in enumerate(value))), None)
     else:
         return None
     for key, v in pairs:
         shown = str(key).encode("utf-8", "backslashreplace").decode()  # the message itself must be sendable
         where = f"{path}.{shown}" if path else shown
         bad = unholdable(key, f"{where} (the key)") if isinstance(key, str) else None
-        bad = bad or unholdable(v, where)
+        bad = bad or unholdable(v, where, ints)
         if bad is not None:
             return bad
     return None
@@ -64,9 +65,11 @@ def _top_field(path: str) -> str:
     return path.replace("[", ".").replace(" ", ".").split(".")[0]
 
 
-def check_values(body: BaseModel) -> None:
-    """400 naming the field for the first value of a request body the engine could not hold."""
-    bad = unholdable(body, "")
+def check_text(body: BaseModel) -> None:
+    """400 naming the field for the first string of a request body that is not Unicode text: any of
+    them may reach the tokenizer. (Integers matter only where they cross to the engine; admit()
+    checks those, derived values included.)"""
+    bad = unholdable(body, "", ints=False)
     if bad is not None:
         raise ApiError(400, f"{bad[0]}: {bad[1]}", _top_field(bad[0]))
 
@@ -124,7 +127,7 @@ class Admission:
         self._check_queue(len(reqs), info.max_running_requests)
         try:
             return self.client.submit(request_id, reqs)
-        except ValueError as e:  # the id is in use
+        except RequestIdInUse as e:
             raise ApiError(400, str(e), "X-Request-Id") from None
         except EngineUnavailable as e:
             raise ApiError(503, str(e)) from None

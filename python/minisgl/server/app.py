@@ -23,6 +23,7 @@ from minisgl.server.chat import create_chat_completion
 from minisgl.server.completions import create_completion
 from minisgl.server.engine_client import EngineUnavailable
 from minisgl.server.errors import ApiError, ErrorResponse, error_response
+from minisgl.server.json_numbers import JsonNumbersRoute
 from minisgl.server.limits import BodyLimits
 from minisgl.server.openai_types import AbortBody
 from minisgl.server.serving import ServingContext, created
@@ -44,8 +45,10 @@ def _responses(*codes: int, **extra: dict[str, Any]) -> dict[int | str, dict[str
     return {**out, **{int(k): v for k, v in extra.items()}}
 
 
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE] at the end"}}}
 _STREAM = {"description": "The completion; with `stream: true`, server-sent events ending in `data: [DONE]`",
-           "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+           "content": {"text/event-stream": {"schema": _SSE_EVENT}}}
 
 
 class Health(BaseModel):
@@ -102,6 +105,7 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
             await ctx.client.stop()
 
     app = FastAPI(title="minisgl", version="0.1.0", lifespan=lifespan)
+    app.router.route_class = JsonNumbersRoute  # before any route is added
     app.add_middleware(BodyLimits, max_bytes=args.max_request_body_bytes, timeout_s=args.body_read_timeout)
     if args.api_key is not None:
         app.add_middleware(ApiKeyAuth, api_key=args.api_key)  # added last: runs first, before any body is read

@@ -31,6 +31,10 @@ class EngineUnavailable(RuntimeError):
     """The engine process is gone or hung; str() says why."""
 
 
+class RequestIdInUse(ValueError):
+    """A response id must name one live request (it is what /abort_request aborts)."""
+
+
 def _exit_reason(name: str, proc: BaseProcess) -> str:
     code = proc.exitcode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
@@ -131,10 +135,10 @@ class EngineClient:
         return len(self._routes)
 
     def submit(self, request_id: str, reqs: list[GenerateRequest]) -> Submission:
-        """Send reqs (all or none) under request_id; ValueError if that id is already in use."""
+        """Send reqs (all or none) under request_id."""
         self.check_alive()
         if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise RequestIdInUse(f"request id {request_id!r} is already in use")
         # Everything is encoded before anything is registered, so a request that cannot be sent
         # leaves nothing behind.
         payloads = [encode(r) for r in reqs]

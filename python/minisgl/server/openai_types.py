@@ -16,19 +16,25 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
+# Strict: a value of the wrong JSON type is refused, as the schema says, never coerced ("1" -> 1, 0 -> false).
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(STRICT, extra="ignore")
 
     model: str | None = None  # None = the served model
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)  # -1 or 0 = off
-    stop: str | list[str] | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     stream: bool = False
@@ -64,7 +70,7 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(STRICT, extra="allow")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
@@ -72,8 +78,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
@@ -86,4 +92,6 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class AbortBody(BaseModel):
+    model_config = STRICT
+
     rid: str

@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
-from minisgl.server.admission import Admission, check_values, response_id
+from minisgl.server.admission import Admission, check_text, response_id
 from minisgl.server.engine_client import EngineClient, EngineUnavailable, Submission
 from minisgl.server.errors import ApiError, error_body
 from minisgl.server.logprob_format import LogprobFormatter
@@ -77,7 +77,7 @@ class ServingContext:
         bad = body.unsupported()
         if bad:
             raise ApiError(400, f"not supported by this server: {', '.join(bad)}", bad[0])
-        check_values(body)
+        check_text(body)
 
     def check_prompt(self, ids: list[int]) -> None:
         info = self.info
