@@ -13,7 +13,6 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from minisgl.afd.args import AfdArgs
@@ -21,7 +20,7 @@ from minisgl.afd.coordinator import Coordinator, WorkerFailure
 from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest
-from server_harness import SERVER_FLAGS, Server, running_server
+from server_harness import SERVER_FLAGS, Server, kill_mid_run, running_server
 
 DETECT_S = 5.0  # /health must turn 503 within this
 AFD_FLAGS = ("--afd", "--afd-attn-workers", "2", "--afd-expert-workers", "2", "--afd-num-mb", "2")
@@ -118,45 +117,19 @@ def test_server_reports_an_idle_dead_worker(tmp_path, _isolated_cache) -> None:
         print(f"\nidle expert1 killed: /health 503 after {took:.2f} s")
 
 
-async def _in_flight(url: str, victim_pid: int) -> tuple[list[str], list[httpx.Response]]:
-    body = {"prompt": "The quick brown fox", "max_tokens": 200, "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        started = asyncio.Event()
-
-        async def stream() -> str:
-            last = ""
-            async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-                assert r.status_code == 200
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        last = line[6:]
-                        started.set()
-            return last
-
-        streams = [asyncio.ensure_future(stream()) for _ in range(6)]
-        posts = [asyncio.ensure_future(client.post("/v1/completions", json=body)) for _ in range(4)]
-        await asyncio.wait_for(started.wait(), 30)
-        os.kill(victim_pid, signal.SIGKILL)
-        done = await asyncio.wait_for(asyncio.gather(*streams, *posts), 30)
-        return done[: len(streams)], done[len(streams):]
-
-
 @pytest.mark.load
 def test_server_fails_in_flight_requests_of_a_dead_worker(tmp_path, _isolated_cache) -> None:
     with running_server(tmp_path, *SERVER_FLAGS, *AFD_FLAGS) as server:
-        victim = _worker_pid(server, "expert0")
         start = time.monotonic()
-        streams, posts = asyncio.run(_in_flight(server.url, victim))
+        killed = asyncio.run(kill_mid_run(server.url, _worker_pid(server, "expert0"), 30, streams=6, posts=4))
         ended = time.monotonic() - start
-        for last in streams:
+        for last in killed.streams:
             err = json.loads(last)["error"]
             assert err["code"] == 503, err
             _assert_names_the_worker(err["message"], "expert0")
-        for r in posts:
+        for r in [*killed.posts, killed.after]:
             assert r.status_code == 503, r.text
             _assert_names_the_worker(r.json()["error"]["message"], "expert0")
         took, message = _health_503_within(server, DETECT_S)
         _assert_names_the_worker(message, "expert0")
-        after = server.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})
-        assert after.status_code == 503
-        print(f"\nbusy expert0 killed: every in-flight request ended within {ended:.2f} s")
+        print(f"\nbusy expert0 killed: every in-flight request ended, the kill included, within {ended:.2f} s")

@@ -11,25 +11,11 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from server_harness import SERVER_FLAGS, running_server
+from server_harness import SERVER_FLAGS, kill_mid_run, running_server
 
 DEATH_TIMEOUT = 20.0
-BODY = {"prompt": "The quick brown fox", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
-
-
-async def _stream(client: httpx.AsyncClient, started: asyncio.Event) -> str:
-    """The text of the last SSE event before [DONE]."""
-    last = ""
-    async with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                last = line[6:]
-                started.set()
-    return last
 
 
 def _running(pid: int) -> bool:
@@ -40,42 +26,24 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _gauges(server) -> dict[str, float]:
-    return {line.split("{")[0]: float(line.split()[-1]) for line in server.get("/metrics").text.splitlines()
-            if line.startswith(("minisgl:num_running_reqs", "minisgl:num_queue_reqs"))}
-
-
-async def _scenario(url: str, victim: int) -> tuple[list[str], list[httpx.Response], httpx.Response]:
-    async with httpx.AsyncClient(base_url=url, timeout=DEATH_TIMEOUT) as client:
-        started = asyncio.Event()
-        streams = [asyncio.ensure_future(_stream(client, started)) for _ in range(12)]
-        posts = [asyncio.ensure_future(client.post("/v1/completions", json=BODY)) for _ in range(6)]
-        await asyncio.wait_for(started.wait(), DEATH_TIMEOUT)
-        await asyncio.sleep(0.6)  # a stats report with the running requests reaches the gauges
-        os.kill(victim, signal.SIGKILL)
-        done = await asyncio.wait_for(asyncio.gather(*streams, *posts), DEATH_TIMEOUT)
-        after = await client.post("/v1/completions", json={**BODY, "max_tokens": 2})
-        return done[: len(streams)], done[len(streams) :], after
-
-
 @pytest.mark.load
 def test_engine_killed_under_load(tmp_path, _isolated_cache) -> None:
     with running_server(tmp_path, *SERVER_FLAGS) as server:
         pid = server.get("/server_info").json()["engine_pid"]
         start = time.monotonic()
-        streams, posts, after = asyncio.run(_scenario(server.url, pid))
+        killed = asyncio.run(kill_mid_run(server.url, pid, DEATH_TIMEOUT))
         assert time.monotonic() - start < DEATH_TIMEOUT
-        for last in streams:
+        for last in killed.streams:
             err = json.loads(last)["error"]
             assert err["code"] == 503 and "engine process was killed by signal 9" in err["message"], err
-        for r in posts:
+        for r in killed.posts:
             assert r.status_code == 503 and "killed by signal 9" in r.json()["error"]["message"], r.text
-        assert after.status_code == 503 and "killed by signal 9" in after.json()["error"]["message"]
+        assert killed.after.status_code == 503 and "killed by signal 9" in killed.after.json()["error"]["message"]
         health = server.get("/health")
         assert health.status_code == 503 and "engine" in health.json()["error"]["message"]
         assert server.get("/server_info").json()["dead_reason"]
         assert server.proc.poll() is None, "the API server stays up to report the failure"
-        assert _gauges(server) == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
+        assert server.gauges() == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
         assert server.get("/server_info").json()["stats"] is None
 
 
@@ -86,17 +54,17 @@ def test_detokenizer_killed_under_load(tmp_path, _isolated_cache) -> None:
         info = server.get("/server_info").json()
         engine, detokenizer = info["engine_pid"], info["detokenizer_pid"]
         start = time.monotonic()
-        streams, posts, after = asyncio.run(_scenario(server.url, detokenizer))
+        killed = asyncio.run(kill_mid_run(server.url, detokenizer, DEATH_TIMEOUT))
         assert time.monotonic() - start < DEATH_TIMEOUT
-        for last in streams:
+        for last in killed.streams:
             assert "detokenizer process was killed by signal 9" in json.loads(last)["error"]["message"], last
-        assert all(r.status_code == 503 for r in posts) and after.status_code == 503
+        assert all(r.status_code == 503 for r in killed.posts) and killed.after.status_code == 503
         deadline = time.monotonic() + 5
         while _running(engine) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _running(engine), "the engine keeps running requests nobody can receive"
         assert server.get("/health").status_code == 503
-        assert _gauges(server) == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
+        assert server.gauges() == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
 
 
 @pytest.mark.load

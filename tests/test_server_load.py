@@ -147,11 +147,6 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield s
 
 
-def _gauges(server: Server) -> dict[str, float]:
-    return {line.split("{")[0]: float(line.split()[-1]) for line in server.get("/metrics").text.splitlines()
-            if line.startswith(("minisgl:num_running_reqs", "minisgl:num_queue_reqs"))}
-
-
 @pytest.mark.load
 def test_load_with_aborts_drops_and_bad_bodies(server: Server) -> None:
     plans = _plans(random.Random(0))
@@ -167,9 +162,9 @@ def test_load_with_aborts_drops_and_bad_bodies(server: Server) -> None:
     assert server.get("/server_info").json()["requests_in_flight"] == 0
     assert server.get("/health").status_code == 200
     deadline = time.monotonic() + 5  # the gauges follow the engine's stats, sent every 0.5 s
-    while any(_gauges(server).values()) and time.monotonic() < deadline:
+    while any(server.gauges().values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _gauges(server) == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
+    assert server.gauges() == {"minisgl:num_running_reqs": 0.0, "minisgl:num_queue_reqs": 0.0}
     after = server.post("/v1/completions", json={"prompt": "ok", "max_tokens": 3, "ignore_eos": True})
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
     log = server.log.read_text(errors="replace")
