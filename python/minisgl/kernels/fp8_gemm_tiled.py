@@ -56,7 +56,7 @@ def _fp8_tiled_kernel(
         x_ptrs = x_src + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]
         w_ptrs = w_src + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     xs_ptrs = xs_ptr + rm
-    s_ptrs = s_ptr + (rn // BLOCK_K) * stride_sn
+    s_ptrs = s_ptr + (rn // BLOCK_K) * stride_sn  # BLOCK_N > BLOCK_K: each row its block's scale
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BLOCK_K)):
         if TMA:
@@ -69,8 +69,12 @@ def _fp8_tiled_kernel(
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         x_scale = tl.load(xs_ptrs + kb * stride_xsk, mask=m_ok, other=0.0)
-        w_scale = tl.load(s_ptrs + kb, mask=n_ok, other=0.0)
-        acc += scaled_dot(x, w, x_scale, w_scale, True)
+        if BLOCK_K % BLOCK_N == 0:  # the tile's rows share one weight block: a scalar scale, and one
+            # multiply per token instead of one per output element on each K step's serial chain
+            w_scale = tl.load(s_ptr + (pid_n * BLOCK_N // BLOCK_K) * stride_sn + kb)
+            acc += tl.dot(x, tl.trans(w)) * (x_scale * w_scale)[:, None]
+        else:
+            acc += scaled_dot(x, w, x_scale, tl.load(s_ptrs + kb, mask=n_ok, other=0.0), True)
     out = out_ptr + rm[:, None].to(tl.int64) * stride_om + rn[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 

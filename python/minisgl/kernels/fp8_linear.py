@@ -37,7 +37,7 @@ class Regime:
 REGIMES = (
     Regime(1, "split_k"),
     Regime(512, "tiled", TileConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
-    Regime(2048, "tiled", TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=4)),
+    Regime(2048, "tiled", TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
 )
 
 
