@@ -53,7 +53,7 @@ def load_scale(ptrs, rows_ok, FP8: tl.constexpr):
     return tl.where(rows_ok, 1.0, 0.0)  # a tensor too: both returns must have one type
 
 
-@triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xsk", "stride_os"])
+@triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xsk"])
 def _fp8_linear_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, M, N, K, steps_per_split,
     stride_xm, stride_xsm, stride_xsk, stride_wn, stride_sn, stride_os, stride_om,

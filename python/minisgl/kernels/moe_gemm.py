@@ -39,12 +39,25 @@ def _block_rows(grouping_rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOC
 def _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's weight rows of `expert`: (their first K step's pointers, their block-scale
-    pointers, the rows, which rows exist)."""
+    pointers, the first row's block-scale pointer, the rows, which rows exist)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = expert.to(tl.int64)
     w_ptrs = w_ptr + e * stride_we + rn[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     s_ptrs = s_ptr + e * stride_se + (rn // BLOCK_K) * stride_sn
-    return w_ptrs, s_ptrs, rn, rn < N
+    s_first = s_ptr + e * stride_se + (tl.program_id(0) * BLOCK_N // BLOCK_K) * stride_sn
+    return w_ptrs, s_ptrs, s_first, rn, rn < N
+
+
+@triton.jit
+def _expert_dot(w, x, s_ptrs, s_first, n_ok, x_scale, kb,
+                FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step's [BLOCK_N, BLOCK_M] product. When BLOCK_N divides the 128-row weight block, the
+    tile's rows share one block scale: one scalar, applied per token rather than per output
+    element (the same fp32 products, in fewer instructions and registers)."""
+    if FP8 and BLOCK_K % BLOCK_N == 0:
+        w_scale = tl.load(s_first + kb)
+        return tl.dot(w, tl.trans(x)) * (x_scale * w_scale)[None, :]
+    return scaled_dot(w, x, load_scale(s_ptrs + kb, n_ok, FP8), x_scale, FP8)
 
 
 @triton.jit(do_not_specialize=["stride_xsk"])
@@ -58,11 +71,12 @@ def _moe_gate_up_kernel(
     expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    g_ptrs, gs_ptrs, rn, n_ok = _expert_tiles(
+    g_ptrs, gs_ptrs, gs_first, rn, n_ok = _expert_tiles(
         w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
     )
     u_ptrs = g_ptrs + inter * stride_wn
     us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
+    us_first = gs_first + UP_SCALE_ROW * stride_sn
     token = (pair // top_k).to(tl.int64)
     x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
     xs_ptrs = xs_ptr + token * stride_xsm
@@ -74,8 +88,8 @@ def _moe_gate_up_kernel(
         xs = load_scale(xs_ptrs + kb * stride_xsk, real, FP8)
         g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
         u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc_g += scaled_dot(g, x, load_scale(gs_ptrs + kb, n_ok, FP8), xs, FP8)
-        acc_u += scaled_dot(u, x, load_scale(us_ptrs + kb, n_ok, FP8), xs, FP8)
+        acc_g += _expert_dot(g, x, gs_ptrs, gs_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
+        acc_u += _expert_dot(u, x, us_ptrs, us_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -95,8 +109,8 @@ def _moe_down_kernel(
     expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    w_ptrs, s_ptrs, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
-                                             BLOCK_N, BLOCK_K)
+    w_ptrs, s_ptrs, s_first, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se,
+                                                      stride_sn, N, BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
     hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -104,7 +118,8 @@ def _moe_down_kernel(
         k_left = K - kb * BLOCK_K
         h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc += scaled_dot(w, h, load_scale(s_ptrs + kb, n_ok, FP8), load_scale(hs_ptrs + kb * stride_hsk, real, FP8), FP8)
+        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
+        acc += _expert_dot(w, h, s_ptrs, s_first, n_ok, hs, kb, FP8, BLOCK_N, BLOCK_K)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
