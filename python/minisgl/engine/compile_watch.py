@@ -1,0 +1,86 @@
+"""Counts Triton JIT compilations (and autotuning runs) in this process, so the server can show
+that nothing compiles once it reports ready: a compile in the serving loop stalls every running
+request for the seconds it takes.
+
+Triton calls `knobs.runtime.jit_post_compile_hook` once per new kernel specialisation (a kernel
+loaded from the on-disk cache counts too: it still costs a load, and shows an unseen shape).
+Autotuners that meet a new key benchmark every config; those runs are counted by wrapping
+`Autotuner.run`'s cache miss.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_compiles: Counter[str] = Counter()
+_autotunes: Counter[str] = Counter()
+_installed = False
+_log_each = False
+
+
+def _on_compile(*, key: Any, repr: str, fn: Any, compile: Any, is_manual_warmup: bool, already_compiled: bool) -> None:
+    name = getattr(fn, "name", repr)
+    with _lock:
+        _compiles[name] += 1
+    if _log_each:
+        logger.warning("Triton compiled %s after warm-up: %s", name, repr)
+    return None
+
+
+def _wrap_autotuner() -> None:
+    from triton.runtime.autotuner import Autotuner
+
+    original = Autotuner.run
+
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        before = len(self.cache)
+        out = original(self, *args, **kwargs)
+        if len(self.cache) > before:
+            name = self.base_fn.__name__
+            with _lock:
+                _autotunes[name] += 1
+            if _log_each:
+                logger.warning("Triton autotuned %s after warm-up", name)
+        return out
+
+    Autotuner.run = run
+
+
+def install() -> bool:
+    """Start counting (idempotent). False when Triton is not installed: nothing can compile then."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    previous = knobs.runtime.jit_post_compile_hook
+    if previous is not None:
+        raise RuntimeError(f"another Triton jit_post_compile_hook is installed ({previous}); compiles can't be counted")
+    knobs.runtime.jit_post_compile_hook = _on_compile
+    _wrap_autotuner()
+    _installed = True
+    return True
+
+
+def log_each_from_now() -> None:
+    """After warm-up every compile is a stall worth a log line with its kernel and signature."""
+    global _log_each
+    _log_each = True
+
+
+def compile_count() -> int:
+    """Compilations plus autotuning runs so far in this process."""
+    with _lock:
+        return sum(_compiles.values()) + sum(_autotunes.values())
+
+
+def summary() -> dict[str, int]:
+    with _lock:
+        return {**{f"compile {k}": v for k, v in _compiles.items()}, **{f"autotune {k}": v for k, v in _autotunes.items()}}
