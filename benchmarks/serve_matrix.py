@@ -84,7 +84,13 @@ def model_dir(matrix: Matrix, root: str) -> list[str]:
 
 
 def _server_info(base: str) -> dict:
-    return httpx.get(base + "/server_info", timeout=30).raise_for_status().json()
+    """/server_info once the engine has reported its first stats (they follow readiness closely)."""
+    for _ in range(60):
+        info = httpx.get(base + "/server_info", timeout=30).raise_for_status().json()
+        if info["stats"] is not None:
+            return info
+        time.sleep(0.5)
+    raise TimeoutError("the server reported no engine stats within 30 s")
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> float:
@@ -117,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--matrix", choices=sorted(MATRICES), required=True)
     parser.add_argument("--out", required=True, help="folder for the JSON and the server log")
+    parser.add_argument("--model-root", default="/tmp/minisgl-models", help="where config-only model dirs go")
     parser.add_argument("--port", type=int, default=31000)
     parser.add_argument("--ready-timeout", type=float, default=900)
     parser.add_argument("--only", help="comma-separated row names to run (default: all)")
@@ -125,7 +132,7 @@ def main() -> None:
     matrix = MATRICES[ns.matrix]
     os.makedirs(ns.out, exist_ok=True)
     base = f"http://127.0.0.1:{ns.port}"
-    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(ns.port), *model_dir(matrix, ns.out + "/model"),
+    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(ns.port), *model_dir(matrix, ns.model_root),
            *matrix.server_args, *ns.server_args]
     log_path = os.path.join(ns.out, f"server_{ns.matrix}.log")
     report: dict = {"matrix": ns.matrix, "command": " ".join(cmd[1:]), "rows": []}

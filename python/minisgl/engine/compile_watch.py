@@ -23,13 +23,16 @@ _installed = False
 _log_each = False
 
 
-def _on_compile(*, key: Any, repr: str, fn: Any, compile: Any, is_manual_warmup: bool, already_compiled: bool) -> None:
-    name = getattr(fn, "name", repr)
+_previous_hook: Any = None
+
+
+def _on_compile(**kwargs: Any) -> Any:
+    name = getattr(kwargs["fn"], "name", kwargs["repr"])
     with _lock:
         _compiles[name] += 1
     if _log_each:
-        logger.warning("Triton compiled %s after warm-up: %s", name, repr)
-    return None
+        logger.warning("Triton compiled %s after warm-up: %s", name, kwargs["repr"])
+    return _previous_hook(**kwargs) if _previous_hook is not None else None
 
 
 def _wrap_autotuner() -> None:
@@ -53,16 +56,14 @@ def _wrap_autotuner() -> None:
 
 def install() -> bool:
     """Start counting (idempotent). False when Triton is not installed: nothing can compile then."""
-    global _installed
+    global _installed, _previous_hook
     if _installed:
         return True
     try:
         from triton import knobs
     except ImportError:
         return False
-    previous = knobs.runtime.jit_post_compile_hook
-    if previous is not None:
-        raise RuntimeError(f"another Triton jit_post_compile_hook is installed ({previous}); compiles can't be counted")
+    _previous_hook = knobs.runtime.jit_post_compile_hook  # chained: someone else's hook keeps working
     knobs.runtime.jit_post_compile_hook = _on_compile
     _wrap_autotuner()
     _installed = True
