@@ -9,10 +9,11 @@ Autotuners that meet a new key benchmark every config; those runs are counted by
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
-from typing import Any
+from typing import Any, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +21,8 @@ _lock = threading.Lock()
 _compiles: Counter[str] = Counter()
 _autotunes: Counter[str] = Counter()
 _installed = False
-_log_each = False
+_warming = 0  # nesting depth of warming_up()
+_armed = False  # set once a warm-up has finished: compiles outside warm-ups are stalls from then on
 
 
 _previous_hook: Any = None
@@ -30,7 +32,7 @@ def _on_compile(**kwargs: Any) -> Any:
     name = getattr(kwargs["fn"], "name", kwargs["repr"])
     with _lock:
         _compiles[name] += 1
-    if _log_each:
+    if _armed and not _warming:
         logger.warning("Triton compiled %s after warm-up: %s", name, kwargs["repr"])
     return _previous_hook(**kwargs) if _previous_hook is not None else None
 
@@ -47,7 +49,7 @@ def _wrap_autotuner() -> None:
             name = self.base_fn.__name__
             with _lock:
                 _autotunes[name] += 1
-            if _log_each:
+            if _armed and not _warming:
                 logger.warning("Triton autotuned %s after warm-up", name)
         return out
 
@@ -70,10 +72,17 @@ def install() -> bool:
     return True
 
 
-def log_each_from_now() -> None:
-    """After warm-up every compile is a stall worth a log line with its kernel and signature."""
-    global _log_each
-    _log_each = True
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Compiles inside are expected; after the first warm-up ends, every compile outside one is a
+    stall worth a log line naming its kernel and signature."""
+    global _warming, _armed
+    _warming += 1
+    try:
+        yield
+    finally:
+        _warming -= 1
+        _armed = True
 
 
 def compile_count() -> int:

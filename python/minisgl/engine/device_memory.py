@@ -89,7 +89,6 @@ class DevicePreparation:
         self.final_peak_bytes = _peak(lambda: run(shapes))
         self.final_seconds = time.monotonic() - started
         self.final_compiles = compile_watch.compile_count() - compiles
-        compile_watch.log_each_from_now()
 
     def describe(self, startup_seconds: float) -> str:
         """The planner's log line."""

@@ -178,16 +178,17 @@ class Engine:
         self.model.eval()
         self.layout = pool_layout(self.config)
         self.preparation: DevicePreparation | None = None
-        if planned:
-            self.preparation = prepare_on_device(self, max_prefill_tokens)
-            pool_cfg = self.preparation.pool_config
-        else:
-            pool_cfg = pool_config(args, self.config)
-        self.max_seq_len = pool_cfg.max_seq_len
-        self.pool = HybridPool(self.layout, pool_cfg, self.dtype, self.device)
-        self.graph_runner = self._capture_graphs(backends)
-        if planned:
-            self.preparation.warm_up_final(self, max_prefill_tokens)
+        with compile_watch.warming_up():
+            if planned:
+                self.preparation = prepare_on_device(self, max_prefill_tokens)
+                pool_cfg = self.preparation.pool_config
+            else:
+                pool_cfg = pool_config(args, self.config)
+            self.max_seq_len = pool_cfg.max_seq_len
+            self.pool = HybridPool(self.layout, pool_cfg, self.dtype, self.device)
+            self.graph_runner = self._capture_graphs(backends)
+            if planned:
+                self.preparation.warm_up_final(self, max_prefill_tokens)
         self.startup_seconds = time.monotonic() - started
         self._log_pool(pool_cfg)
 

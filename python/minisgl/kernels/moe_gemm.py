@@ -131,6 +131,11 @@ def _weight_block(n: int, blocks: int, device: torch.device) -> int:
     return 64 if triton.cdiv(n, 64) * blocks >= 2 * num_sms(device) else 32
 
 
+def _stages(x: torch.Tensor, num_stages: int) -> int:
+    """fp32 tiles are twice as large: at prefill's large row blocks 4 stages overflow shared memory."""
+    return min(num_stages, 2) if x.element_size() == 4 else num_stages
+
+
 def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, group scales) for FP8 weights; x itself twice for BF16 ones (the scales unread).
     For h this quantises every row, unused ones too (their garbage is never read): sizing by the
@@ -162,7 +167,7 @@ def moe_gate_up(
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8,
         BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=_stages(x, num_stages),
     )
     return h
 
@@ -190,7 +195,7 @@ def moe_down(
         hq.stride(0), hs.stride(0), down.stride(0), down.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
         FP8=fp8, BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=_stages(h, num_stages),
     )
     return y
 
