@@ -157,11 +157,22 @@ GATE_UP_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4
 DOWN_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4, 4), 128: MoeTile(128, 8, 3)}
 
 
-def _tile(table: dict[int, MoeTile], n: int, g: ExpertGrouping, override: dict[str, int]) -> MoeTile:
+SHARED_MEMORY_BUDGET = 160 << 10  # of the H200's 227 KiB per program: the rest for the epilogue's layout change
+
+
+def _tile(
+    table: dict[int, MoeTile], n: int, g: ExpertGrouping, operand_bytes: int, weight_tiles: int, override: dict[str, int]
+) -> MoeTile:
+    """The table's tile for this grouping, narrowed where decode would leave SMs idle, and with no more
+    pipeline stages than fit in shared memory: each stage holds a [BLOCK_M, 128] activation tile and
+    `weight_tiles` [BLOCK_N, 128] weight tiles of `operand_bytes` each (BF16 and fp32 test models
+    hold 2-4x FP8's bytes)."""
     tile = table[g.block_m]
     if g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
         tile = replace(tile, block_n=32)  # decode: narrower tiles rather than idle SMs
-    return replace(tile, **override)
+    tile = replace(tile, **override)
+    stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
+    return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))
 
 
 def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,7 +194,7 @@ def moe_gate_up(
     inter = two_i // 2
     fp8 = gate_up_scale is not None
     h = torch.empty(g.rows.shape[0], inter, dtype=x.dtype, device=x.device)
-    tile = _tile(GATE_UP_TILES, inter, g, override)
+    tile = _tile(GATE_UP_TILES, inter, g, gate_up.element_size(), 2, override)
     xq, xs = _activations(x, fp8)
     scale = gate_up_scale if fp8 else gate_up  # unused pointer when bf16
     _moe_gate_up_kernel[(triton.cdiv(inter, tile.block_n), g.max_blocks)](
@@ -210,7 +221,7 @@ def moe_down(
     _, n, k = down.shape
     fp8 = down_scale is not None
     y = torch.empty(weights.numel(), n, dtype=h.dtype, device=h.device)
-    tile = _tile(DOWN_TILES, n, g, override)
+    tile = _tile(DOWN_TILES, n, g, down.element_size(), 1, override)
     hq, hs = _activations(h, fp8)
     scale = down_scale if fp8 else down
     _moe_down_kernel[(triton.cdiv(n, tile.block_n), g.max_blocks)](

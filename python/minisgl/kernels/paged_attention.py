@@ -89,7 +89,7 @@ def _paged_decode_kernel(
     tl.store(part_out + base[:, None] * D + od[None, :], out, mask=hmask[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # follows the batch size: no variant per size
 def _combine_splits_kernel(
     part_out, part_lse, out_ptr, stride_ot, stride_oh, num_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
