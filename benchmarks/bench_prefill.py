@@ -249,9 +249,12 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         json.dump(raw, open(cfg_file, "w"))
     slots_needed = max([b for b, _ in steps] + decode_batches)
     longest = max(n for _, n in steps)
+    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches])
+    # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
     engine = Engine(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
-                               max_running_requests=slots_needed, cuda_graph_max_bs=max(decode_batches or [1]),
-                               disable_cuda_graph=not decode_batches))
+                               max_running_requests=slots_needed, num_pages=pages,
+                               cuda_graph_max_bs=max(decode_batches or [1]), disable_cuda_graph=not decode_batches),
+                    warm_up=False)
     print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""
     for b, n in steps:
