@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from dataclasses import astuple
 
 import torch
 
+from bench_moe import fp8_experts
 from gpu_timing import copy_tbps, median_us, table
 from minisgl.kernels.fp8_gemm import gemm_split_k
 from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
@@ -47,7 +47,7 @@ from minisgl.layers.fp8 import FP8_DTYPE, cdiv, quantize_block_fp8
 
 DEV = "cuda"
 MODEL = "Qwen3.5-122B-A10B"
-H, I, E, TOP_K = 3072, 1024, 256, 8
+H, I, E, TOP_K = 3072, 1024, 256, 8  # bench_moe.fp8_experts' shapes
 # (name, N, K) of the 122B FP8 projections a prefill step runs.
 LINEARS = [
     ("gdn in_proj_qkv", 12288, 3072), ("gdn in_proj_z", 8192, 3072), ("attn q_proj", 16384, 3072),
@@ -158,19 +158,8 @@ def regime_key(m: int) -> str:
     return "split_k" if r.backend == "split_k" else "cublas" if r.backend == "cublas" else tile_name(r.tile)
 
 
-def moe_weights() -> dict[str, torch.Tensor]:
-    w = {"gate_up": torch.empty(E, 2 * I, H, dtype=FP8_DTYPE, device=DEV),
-         "down": torch.empty(E, H, I, dtype=FP8_DTYPE, device=DEV)}
-    for e in range(E):
-        w["gate_up"][e] = torch.randn(2 * I, H, device=DEV, dtype=torch.bfloat16)
-        w["down"][e] = torch.randn(H, I, device=DEV, dtype=torch.bfloat16)
-    w["gate_up_scale"] = torch.rand(E, 2 * cdiv(I, 128), cdiv(H, 128), device=DEV).add(0.5) / H**0.5
-    w["down_scale"] = torch.rand(E, cdiv(H, 128), cdiv(I, 128), device=DEV).add(0.5) / I**0.5
-    return w
-
-
 def moe_rows(tokens: list[int], ceiling: float) -> list[dict[str, object]]:
-    w = moe_weights()
+    w = fp8_experts()
     rows = []
     for t in tokens:
         x = torch.randn(t, H, device=DEV, dtype=torch.bfloat16)
@@ -263,7 +252,7 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
             engine.pool.ensure_tokens(s, n)
         seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
         batch = engine.make_batch(seqs, [0] * b, slots)
-        ms = timed_ms(lambda: engine.forward_batch(batch))
+        ms = time_steps(engine, batch, steps=3)  # after 3 untimed (compiles, fla's autotuning)
         flops = model_flops(engine, [n] * b)
         roof_ms = flops / (ceiling * 1e9)
         rows.append({"layers": layers, "step": f"{b} x {n}", "tokens": b * n, "step ms": ms,
@@ -292,20 +281,6 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         for s in slots:
             engine.pool.free(s)
     return rows, decode, prof
-
-
-def timed_ms(step: Callable[[], object], repeats: int = 3) -> float:
-    """Median ms of `step` by CUDA events, after one untimed run (compiles, and fla's autotuning)."""
-    step()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
