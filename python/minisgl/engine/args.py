@@ -19,7 +19,7 @@ class EngineArgs:
     max_running_requests: int | None = None  # None: 16 on the CPU; on a GPU, what the memory planner fits
     context_length: int | None = None  # max tokens per request; None: the model's limit (on a GPU, lowered to what fits)
     num_pages: int | None = None  # KV pages; None: every slot can reach the context (CPU), the planner's (GPU)
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: int = 1024  # prompt tokens per request per step; per step while others decode
     attention_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
     gdn_backend: str = "auto"  # auto = torch on the CPU; fla when installed, else triton, on CUDA
     moe_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA

@@ -21,7 +21,15 @@ import torch
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
 from minisgl.engine.sampler import sample_tensor
-from minisgl.engine.warmup import StepShape, decode_shapes, mixed_shapes, prefill_shapes, run_shape, size_ladder
+from minisgl.engine.warmup import (
+    StepShape,
+    decode_shapes,
+    largest_prefill,
+    mixed_shapes,
+    prefill_shapes,
+    run_shape,
+    size_ladder,
+)
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.kvcache.planner import GIB, MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolPlan, plan_pool
@@ -66,6 +74,7 @@ class DevicePreparation:
     pool_config: PoolConfig
     probe_seconds: float
     probe_compiles: int
+    max_prefill_tokens: int
     final_seconds: float = 0.0
     final_compiles: int = 0
     final_peak_bytes: int = 0
@@ -78,12 +87,14 @@ class DevicePreparation:
     def warmup_seconds(self) -> float:
         return self.probe_seconds + self.final_seconds
 
-    def warm_up_final(self, engine: "Engine", max_prefill_tokens: int) -> None:
-        """Step 3: every shape class on the real pool (decodes the graphs do not cover included)."""
+    def warm_up_final(self, engine: "Engine") -> None:
+        """Step 3, on the real pool: what the scratch pool could not show (decodes beside a chunk at
+        the planned number of rows, decode sizes the graphs do not cover) and the largest prefill
+        step again; the scratch pool's table was as wide, so the other shapes compile nothing new."""
         started, compiles = time.monotonic(), compile_watch.compile_count()
         rows, chunk, max_len = engine.pool.max_running, engine.args.chunked_prefill_size, engine.max_seq_len
         graph_top = engine.graph_runner.buckets[-1] if engine.graph_runner is not None else 0
-        shapes = (prefill_shapes(max_prefill_tokens, chunk, max_len) + mixed_shapes(rows, chunk, max_len)
+        shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)] + mixed_shapes(rows, chunk, max_len)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
         run = _runner(engine, engine.make_batch, engine.forward_batch)
         self.final_peak_bytes = _peak(lambda: run(shapes))
@@ -102,6 +113,7 @@ class DevicePreparation:
             f"{p.max_concurrency(p.max_seq_len, self.costs.page_size)} at {p.max_seq_len} tokens"
             + "".join(f"; {n}" for n in p.notes)
             + f". Warm-up: {self.warmup_compiles} Triton compiles/autotunes in {self.warmup_seconds:.1f} s "
+            f"({self.probe_seconds:.1f} s measuring, {self.final_compiles} compiles on the real pool) "
             f"(largest step on the real pool {self.final_peak_bytes / g:.2f} GiB); ready {startup_seconds:.1f} s after start"
         )
 
@@ -143,4 +155,4 @@ def prepare_on_device(engine: "Engine", max_prefill_tokens: int) -> DevicePrepar
                      args.max_running_requests)
     pool_cfg = PoolConfig(plan.max_running_requests, plan.max_seq_len, args.page_size, plan.num_pages, ssm_name)
     return DevicePreparation(weights, budget, costs, plan, pool_cfg, time.monotonic() - started,
-                             compile_watch.compile_count() - compiles)
+                             compile_watch.compile_count() - compiles, max_prefill_tokens)

@@ -188,7 +188,7 @@ class Engine:
             self.pool = HybridPool(self.layout, pool_cfg, self.dtype, self.device)
             self.graph_runner = self._capture_graphs(backends)
             if planned:
-                self.preparation.warm_up_final(self, max_prefill_tokens)
+                self.preparation.warm_up_final(self)
         self.startup_seconds = time.monotonic() - started
         self._log_pool(pool_cfg)
 

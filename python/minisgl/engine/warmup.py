@@ -46,16 +46,23 @@ def _split(total: int, chunk: int) -> tuple[int, ...]:
     return (chunk,) * (total // chunk) + ((total % chunk,) if total % chunk else ())
 
 
+def _chunk(chunk: int, max_prefill_tokens: int, max_len: int) -> int:
+    return max(1, min(chunk, max_prefill_tokens, max_len - 1))
+
+
+def largest_prefill(max_prefill_tokens: int, chunk: int, max_len: int) -> StepShape:
+    """The step with the most prompt tokens the scheduler can build: the activation peak."""
+    parts = _split(max_prefill_tokens, _chunk(chunk, max_prefill_tokens, max_len))
+    return StepShape(parts, (0,) * len(parts))
+
+
 def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[StepShape]:
     """Prefill-only steps, up to the largest: one prompt of each ladder size up to a chunk; several
     chunks for the larger step sizes; a continued prompt (a later chunk); a mix of lengths. No
     request is longer than max_len, the longest the page table holds."""
-    chunk = max(1, min(chunk, max_prefill_tokens, max_len - 1))
+    chunk = _chunk(chunk, max_prefill_tokens, max_len)
     shapes = [StepShape((n,), (0,)) for n in size_ladder(chunk) if n > 1]
-    for total in size_ladder(max_prefill_tokens):
-        if total > chunk:
-            parts = _split(total, chunk)
-            shapes.append(StepShape(parts, (0,) * len(parts)))
+    shapes += [largest_prefill(total, chunk, max_len) for total in size_ladder(max_prefill_tokens) if total > chunk]
     later = min(chunk, max_len // 2)
     shapes.append(StepShape((later,), (max_len - later - 1,)))
     mixed = tuple(n for n in (chunk // 2 + 1, 17, 3) if n > 1)
