@@ -52,7 +52,7 @@ class AttentionWorker:
                 config.norm_topk_prob, self.transport, self.step_state,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote)
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
