@@ -11,9 +11,10 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
-from server_harness import SERVER_FLAGS, kill_mid_run, running_server
+from server_harness import KILL_BODY, SERVER_FLAGS, kill_mid_run, running_server
 
 DEATH_TIMEOUT = 20.0
 
@@ -73,7 +74,7 @@ def test_hung_engine_is_stopped_by_the_watchdog(tmp_path, _isolated_cache) -> No
     with running_server(tmp_path, *SERVER_FLAGS, "--watchdog-timeout", "3") as server:
         pid = server.get("/server_info").json()["engine_pid"]
         with httpx.Client(base_url=server.url, timeout=DEATH_TIMEOUT) as client:
-            with client.stream("POST", "/v1/completions", json={**BODY, "stream": True}) as r:
+            with client.stream("POST", "/v1/completions", json={**KILL_BODY, "stream": True}) as r:
                 lines = r.iter_lines()
                 assert next(line for line in lines if line.startswith("data: "))
                 os.kill(pid, signal.SIGSTOP)
@@ -82,4 +83,4 @@ def test_hung_engine_is_stopped_by_the_watchdog(tmp_path, _isolated_cache) -> No
             waited = time.monotonic() - start
         assert waited < DEATH_TIMEOUT
         assert "no progress" in json.loads(last[6:])["error"]["message"]
-        assert server.post("/v1/completions", json={**BODY, "max_tokens": 2}).status_code == 503
+        assert server.post("/v1/completions", json={**KILL_BODY, "max_tokens": 2}).status_code == 503
