@@ -185,9 +185,12 @@ def _stream(
             yield sse(error_body(e.status, e.message, e.param))
         yield "data: [DONE]\n\n"
 
+    async def close_after() -> None:  # async: a sync background task would run in a thread, off the event loop
+        close()
+
     # Starlette cancels `events` when the client disconnects, and aclosing then aborts the choices;
     # the background close covers a client gone before `events` ever started.
-    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(close))
+    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(close_after))
 
 
 async def _collect(raw: Request, outputs: AsyncIterator[RequestOutput], on_output: Callable[[RequestOutput], None]) -> bool:
