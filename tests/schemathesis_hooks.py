@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import schemathesis
 
+from minisgl.tokenizer.chat import ROLES
+
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2}
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 RUNTIME_LIMITS = (
     "outside the vocabulary",  # token ids >= the model's vocabulary size

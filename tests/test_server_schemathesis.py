@@ -40,7 +40,8 @@ def test_schema_conformance(live_server: Server, tmp_path: Path) -> None:
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     timeout = max(300.0, 4 * EXAMPLES * SECONDS_PER_CASE)  # four operations' worth: three POSTs and the GETs
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    # In tmp_path: the command line keeps a cache of its own in the working directory.
+    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     summary = json.loads(report.read_text())
     cases = summary["test_cases"]
     assert out.returncode == 0 and cases["with_failures"] == 0 and cases["errored"] == 0, out.stdout[-12000:]
