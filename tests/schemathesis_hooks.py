@@ -1,7 +1,7 @@
 """Schemathesis hooks for tests/test_server_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
 
 - Valid requests are kept cheap on the CPU and reach the engine: in positive cases n and max_tokens
-  are clamped, `model` is left out (the served model) and a chat role outside the ones the chat
+  are clamped (and max_tokens set where it was left to the room in the context), `model` is left out (the served model) and a chat role outside the ones the chat
   template knows becomes "user" (schemathesis re-checks a case after this hook, so a case is
   judged as what it became).
 - positive_data_acceptance is replaced by a stricter reading of it: a schema-valid request may be
@@ -41,6 +41,8 @@ def before_call(context, case, kwargs) -> None:  # noqa: ANN001 - schemathesis' 
         v = case.body.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > cap:  # 84.0 is an integer too
             case.body[key] = cap
+    if case.body.get("max_tokens") is None and case.body.get("max_completion_tokens") is None:
+        case.body["max_tokens"] = CAPS["max_tokens"]  # absent or null: all the room left in the context
     case.body.pop("model", None)
     for m in case.body.get("messages") or ():
         if isinstance(m, dict) and m.get("role") not in ROLES:
