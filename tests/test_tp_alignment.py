@@ -31,7 +31,11 @@ def checkpoints(tiny_checkpoints, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tp")
     qwen35 = make_tiny_model(str(root / "qwen35"), seed=5,
                              overrides={"linear_num_key_heads": 4, "linear_num_value_heads": 8})
-    return {"qwen35": qwen35, "qwen3_moe": tiny_checkpoints["qwen3_moe"]}
+    # FP8 with heads and intermediates of 128 and 256, so a TP 2 share is whole 128-blocks.
+    fp8 = make_tiny_model(str(root / "fp8"), fp8=True, seed=6, overrides={
+        "head_dim": 128, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256})
+    return {"qwen35": qwen35, "qwen3_moe": tiny_checkpoints["qwen3_moe"], "qwen35_fp8": fp8}
 
 
 def _prompts() -> tuple[tuple[int, ...], ...]:
@@ -58,8 +62,8 @@ def test_reference_has_chunked_and_mixed_steps(reference) -> None:
         assert any(1 in s and max(s) > 1 for s in want.extend_lens)  # decodes beside a prefill chunk
 
 
-@pytest.mark.parametrize("model", ["qwen35", "qwen3_moe"])
-@pytest.mark.parametrize("tp,ep", LAYOUTS)
+@pytest.mark.parametrize("model,tp,ep", [(m, tp, ep) for m in ("qwen35", "qwen3_moe") for tp, ep in LAYOUTS]
+                         + [("qwen35_fp8", 2, 1)])
 def test_matches_single_rank(hosts, checkpoints, reference, model: str, tp: int, ep: int) -> None:
     got = hosts.run(Case(checkpoints[model], tp, ep, ENGINE, _prompts(), STEPS))
     want = reference[model]

@@ -57,15 +57,18 @@ def generate(engine, prompts, max_tokens: int) -> Result:
         return out
 
     engine.forward_batch = recording
-    sched = Scheduler(engine, overlap=False)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        sched.add_request(GenerateRequest(f"r{i}", tuple(p), params))
-    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
-    while sched.has_work:
-        for out in sched.step():
-            tokens[out.rid] += out.new_token_ids
-    sched.check_integrity()
+    try:
+        sched = Scheduler(engine, overlap=False)
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            sched.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+        tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
+        while sched.has_work:
+            for out in sched.step():
+                tokens[out.rid] += out.new_token_ids
+        sched.check_integrity()
+    finally:
+        del engine.forward_batch  # the class's method again
     return Result([tokens[f"r{i}"] for i in range(len(prompts))], steps, shapes)
 
 
