@@ -84,12 +84,13 @@ class DiskTensor:
     """One checkpoint tensor, read lazily: a rank reads only its shard's bytes."""
 
     def __init__(self, handle: Any, name: str) -> None:
+        self._handle, self._name = handle, name
         self._slice = handle.get_slice(name)
         self.shape = tuple(self._slice.get_shape())
         self.is_fp8 = self._slice.get_dtype() == "F8_E4M3"
 
     def read(self, shard: Shard | None = None) -> torch.Tensor:
-        return self._slice[...] if shard is None else shard.read(self._slice)
+        return self._handle.get_tensor(self._name) if shard is None else shard.read(self._slice)
 
 
 def iter_checkpoint(model_dir: str) -> Iterator[tuple[str, DiskTensor]]:
