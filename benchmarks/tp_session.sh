@@ -6,18 +6,8 @@
 # time to 0 (e.g. TP1_S=0). Run from the repository root:
 #   OUT=out bash benchmarks/tp_session.sh
 set -u
-# NVLink multicast stays off on shared hosts (it can take the host's GPUs out of service).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$PWD/python:$PWD/benchmarks:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NAME.log
-  local name=$1 secs=$2
-  shift 2
-  [ "$secs" -gt 0 ] || return 0
-  timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "Loading weights" | tail -n 30
-}
+# shellcheck source=benchmarks/session_lib.sh
+source "$(dirname "$0")/session_lib.sh"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/gpu.txt"
 B122=${B122:-Qwen3.5-122B-A10B}
 B397=${B397:-Qwen3.5-397B-A17B}
