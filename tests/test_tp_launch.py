@@ -1,14 +1,19 @@
 """`--tp-size 2` through the real launch path: this process is rank 0 and schedules, a follower
 process runs rank 1 from step messages (pool table changes, the batch's shape) and gets the input
 ids by broadcast. Same tokens and logits as one rank, with chunked prefill, mixed steps and
-prompt logprobs (the logit rows travel by broadcast too); a dead follower is an error, not a hang."""
+prompt logprobs (the logit rows travel by broadcast too); a follower that fails to load, or dies,
+is an error that names it, not a hang."""
 from __future__ import annotations
 
+import glob
+import multiprocessing as mp
 import os
+import shutil
 import signal
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.args import EngineArgs
@@ -57,3 +62,19 @@ def test_dead_follower_is_an_error(tiny_checkpoints) -> None:
             llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))
     finally:
         llm.close()
+
+
+def test_follower_load_failure_fails_the_start(tiny_checkpoints, tmp_path) -> None:
+    """Only EP rank 1 reads expert 5: a checkpoint without it fails rank 1 alone, and rank 0's
+    start reports rank 1's own error."""
+    src, dst = tiny_checkpoints["qwen3_moe"], tmp_path / "m"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
+    tensors = {}
+    for f in sorted(glob.glob(os.path.join(src, "*.safetensors"))):
+        tensors.update(load_file(f))
+    missing = "model.layers.1.mlp.experts.5.down_proj.weight"
+    del tensors[missing]
+    save_file(tensors, str(dst / "model.safetensors"))
+    with pytest.raises(RuntimeError, match=f"TP rank 1 .*missing tensor '{missing}'"):
+        LLM(str(dst), tp_size=2, ep_size=2, **ENGINE)
+    assert not mp.active_children()

@@ -16,7 +16,7 @@ from minisgl.engine import compile_watch
 from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, EngineArgs
 from minisgl.engine.device_memory import DevicePreparation, prepare_on_device
 from minisgl.engine.graph import DecodeGraphRunner
-from minisgl.engine.tp_group import JournaledPool, TpGroup, TpStep
+from minisgl.engine.tp_group import READY, JournaledPool, TpGroup, TpStep
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
@@ -187,7 +187,7 @@ class Engine:
         try:
             self._build(args, weight_filter, mlp_factory, max_prefill_tokens, warm_up, journaled=group is not None)
             if group is not None:
-                group.wait_ready()
+                group.wait_for(READY)
         except BaseException:
             if group is not None:
                 group.close(timeout_s=0)

@@ -147,8 +147,13 @@ class FollowerSpec:
     parent_pid: int
 
 
-def _ready_key(rank: int) -> str:
-    return f"tp_ready_{rank}"
+# Each follower's progress in the store: JOINING once it is about to join the process group, READY
+# once its shard is loaded (and warmed up), or the error it failed with.
+JOINING, READY = "joining", "ready"
+
+
+def _status_key(rank: int) -> str:
+    return f"tp_status_{rank}"
 
 
 def init_group(backend: str, store: dist.Store, rank: int, args: EngineArgs) -> ParallelConfig:
@@ -189,12 +194,13 @@ def follower_main(spec: FollowerSpec) -> None:
             torch.set_num_threads(1)
         sock = zmq.Context.instance().socket(zmq.PULL)
         sock.connect(spec.step_addr)
+        store.set(_status_key(spec.rank), JOINING)
         parallel = init_group("nccl" if device.type == "cuda" else "gloo", store, spec.rank, spec.args)
         engine = Engine(spec.args, max_prefill_tokens=spec.max_prefill_tokens, parallel=parallel)
-        store.set(_ready_key(spec.rank), "ok")
+        store.set(_status_key(spec.rank), READY)
         follow(engine, sock, spec.parent_pid)
     except BaseException as e:  # noqa: BLE001 - rank 0 reads the reason from the store, then we exit
-        store.set(_ready_key(spec.rank), f"{type(e).__name__}: {e}")
+        store.set(_status_key(spec.rank), f"{type(e).__name__}: {e}")
         traceback.print_exc()
         sys.exit(1)
     finally:
@@ -230,26 +236,42 @@ class TpGroup:
         device = torch.device(self.devices[0])
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        self.parallel = init_group("nccl" if device.type == "cuda" else "gloo", self.store, 0, args)
+        try:
+            self.wait_for(JOINING)  # a follower that cannot start must not leave the rendezvous waiting
+            self.parallel = init_group("nccl" if device.type == "cuda" else "gloo", self.store, 0, args)
+        except BaseException:
+            self.close(timeout_s=0)
+            raise
 
     def dead(self) -> list[str]:
-        return [f"TP rank {r} (pid {p.pid}) exited with code {p.exitcode}"
-                for r, p in enumerate(self.procs, start=1) if p.exitcode is not None]
+        """A line per follower that has exited, with the error it reported, if any."""
+        out = []
+        for r, p in enumerate(self.procs, start=1):
+            if p.exitcode is not None:
+                key = _status_key(r)
+                said = self.store.get(key).decode() if self.store.check([key]) else READY
+                out.append(f"TP rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+                           + ("" if said in (JOINING, READY) else f": {said}"))
+        return out
 
-    def wait_ready(self) -> None:
-        """Until every follower has built and loaded its shard; raises with a follower's error."""
+    def wait_for(self, state: str) -> None:
+        """Until every follower has reached `state` (JOINING, then READY once its shard is built and
+        loaded); raises with a follower's own error, or its exit."""
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
-        keys = {r: _ready_key(r) for r in range(1, len(self.procs) + 1)}
+        reached = (JOINING, READY) if state == JOINING else (READY,)
+        ranks = range(1, len(self.procs) + 1)
         while True:
-            dead = self.dead()  # read before the store: a follower sets its key before it exits
-            status = {r: self.store.get(k).decode() for r, k in keys.items() if self.store.check([k])}
-            failed = [f"TP rank {r} failed: {s}" for r, s in status.items() if s != "ok"]
-            if failed or dead:
-                raise RuntimeError("; ".join(failed or dead))
-            if len(status) == len(keys):
+            dead = self.dead()
+            if dead:
+                raise RuntimeError("; ".join(dead))
+            status = {r: self.store.get(_status_key(r)).decode() for r in ranks if self.store.check([_status_key(r)])}
+            failed = [f"TP rank {r} failed: {s}" for r, s in status.items() if s not in (JOINING, READY)]
+            if failed:
+                raise RuntimeError("; ".join(failed))
+            if all(status.get(r) in reached for r in ranks):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"TP ranks {sorted(set(keys) - set(status))} not ready within {_JOIN_TIMEOUT_S:.0f} s")
+                raise RuntimeError(f"TP ranks not {state} within {_JOIN_TIMEOUT_S:.0f} s: {status}")
             time.sleep(_POLL_S)
 
     def send(self, msg: TpStep | TpShutdown) -> None:
