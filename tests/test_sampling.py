@@ -14,9 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from transformers import GenerationConfig
+
 from minisgl import LLM, SamplingParams
-from minisgl.engine.engine import Engine
+from minisgl.afd.args import AfdArgs
 from minisgl.engine.sampler import Sampler
+from minisgl.tools.make_tiny_model import make_tiny_model
 from sampling_reference import (
     CASES, EOS, LOOP_CASES, NEUTRAL, OUTPUT, PROMPT, VOCAB, check_greedy_loop, check_loop_outcomes, distribution,
     empirical, loop_prompts, sampler_with_history, sampling_tv_bound, tv,
@@ -115,12 +118,41 @@ def test_params_validation() -> None:
     assert SamplingParams(logit_bias={"7": 500, "3": -1e9}).logit_bias == ((3, -100.0), (7, 100.0))
 
 
+ENGINE = dict(device="cpu", dtype="float32", context_length=128, page_size=8)
+
+
 @pytest.fixture(scope="module")
-def cpu_engine() -> Engine:
-    return LLM(device="cpu", dtype="float32", context_length=128, page_size=8).engine
+def cpu_llm() -> LLM:
+    return LLM(**ENGINE)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_greedy_loop_matches_reference(cpu_engine: Engine, overlap: bool) -> None:
-    outs = check_greedy_loop(cpu_engine, overlap, loop_prompts(), list(LOOP_CASES.values()))
-    check_loop_outcomes(cpu_engine, outs)
+def test_greedy_loop_matches_reference(cpu_llm: LLM, overlap: bool) -> None:
+    outs = check_greedy_loop(cpu_llm.engine, overlap, loop_prompts(), list(LOOP_CASES.values()))
+    check_loop_outcomes(cpu_llm.engine, outs)
+
+
+def test_afd_samples_like_colocated(cpu_llm: LLM) -> None:
+    """The attention workers sample with the same parameters: AFD 2+1 gives the colocated tokens."""
+    params = [*LOOP_CASES.values(), SamplingParams(temperature=0.8, top_k=20, min_p=0.05, seed=3, max_tokens=12,
+                                                   repetition_penalty=1.3, ignore_eos=True)]
+    prompts = loop_prompts() + loop_prompts()[:1]
+    want = cpu_llm.generate(prompts, params)
+    with LLM(afd=AfdArgs(attn_workers=2, expert_workers=1, num_mb=2), **ENGINE) as afd:
+        got = afd.generate(prompts, params)
+    assert [(g.token_ids, g.finish_reason) for g in got] == [(w.token_ids, w.finish_reason) for w in want]
+
+
+def test_offline_defaults_from_generation_config(tmp_path) -> None:
+    path = make_tiny_model(str(tmp_path / "m"), num_layers=4)
+    gen = GenerationConfig.from_pretrained(path)
+    gen.update(do_sample=True, top_k=1, max_new_tokens=5)
+    gen.save_pretrained(path)
+    prompts = ["The quick brown fox"] * 3
+    with_defaults = LLM(path, **ENGINE)
+    assert dict(with_defaults.sampling_defaults.values) == {"top_k": 1, "max_tokens": 5}
+    got = [r.token_ids for r in with_defaults.generate(prompts)]
+    greedy = with_defaults.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=5))[0].token_ids
+    assert all(len(t) <= 5 for t in got) and all(t == greedy for t in got)
+    ignored = LLM(path, generation_config="ignore", **ENGINE)
+    assert ignored.sampling_defaults.values == () and ignored.generate(prompts[:1])[0].token_ids != greedy
