@@ -83,20 +83,22 @@ def sampling_tv_bound(p: np.ndarray, n: int) -> float:
 
 
 def sampler_with_history(
-    vocab: int, device: torch.device, p: SamplingParams, n: int, prompt: Sequence[int], output: Sequence[int],
-    eos: Sequence[int], seed: int = 0,
+    vocab: int, device: torch.device, params: Sequence[SamplingParams], prompt: Sequence[int],
+    output: Sequence[int], eos: Sequence[int], seed: int = 0,
 ) -> Sampler:
-    """A sampler with n keys that all saw `prompt` and then sampled `output` (forced through
-    one-hot logits, so the device-side history and min_tokens count come from sample() itself)."""
+    """A sampler with one key per params, all of which saw `prompt` and then sampled `output`
+    (forced through one-hot logits, so the device-side history and the min_tokens count come
+    from sample() itself)."""
     sampler = Sampler(vocab, device, eos)
     gen = torch.Generator(device=device).manual_seed(seed)
-    for key in range(n):
+    keys = list(range(len(params)))
+    for key, p in zip(keys, params):
         sampler.add(key, p, gen)
         sampler.see_prompt(key, prompt)
     for t in output:
-        force = torch.full((n, vocab), -1e4, device=device)
+        force = torch.full((len(keys), vocab), -1e4, device=device)
         force[:, t] = 1e4
-        assert (sampler.sample(force, list(range(n))) == t).all()
+        assert (sampler.sample(force, keys) == t).all()
     return sampler
 
 
@@ -107,7 +109,7 @@ def empirical(
     """Histogram of n draws of the next token: n rows with the same logits, params and history,
     sampled in one batched call on the logits' device."""
     vocab = logits.shape[-1]
-    sampler = sampler_with_history(vocab, logits.device, p, n, prompt, output, eos, seed)
+    sampler = sampler_with_history(vocab, logits.device, [p] * n, prompt, output, eos, seed)
     tokens = sampler.sample(logits.expand(n, vocab).contiguous(), list(range(n))).cpu()
     return np.bincount(tokens.numpy(), minlength=vocab) / n
 

@@ -42,11 +42,20 @@ def test_distribution_matches_reference(name: str) -> None:
     p = CASES[name]
     logits = _logits()
     want = distribution(logits[0].numpy(), p, PROMPT, OUTPUT, EOS)
-    sampler = sampler_with_history(VOCAB, torch.device("cpu"), p, 2, PROMPT, OUTPUT, EOS)
+    sampler = sampler_with_history(VOCAB, torch.device("cpu"), [p, p], PROMPT, OUTPUT, EOS)
     got = sampler.distribution(logits.expand(2, VOCAB).contiguous(), [0, 1]).numpy()
     assert tv(got[0], want) < 1e-5 and tv(got[1], want) < 1e-5
     without = distribution(logits[0].numpy(), NEUTRAL, PROMPT, OUTPUT, EOS)
     assert tv(want, without) > 0.05, "the case must move the distribution for the test to mean anything"
+
+
+def test_mixed_batch_matches_reference() -> None:
+    """Every case in one batch: each row gets its own parameters."""
+    logits = torch.cat([_logits(i) for i in range(len(CASES))])
+    sampler = sampler_with_history(VOCAB, torch.device("cpu"), list(CASES.values()), PROMPT, OUTPUT, EOS)
+    got = sampler.distribution(logits, list(range(len(CASES)))).numpy()
+    for i, p in enumerate(CASES.values()):
+        assert tv(got[i], distribution(logits[i].numpy(), p, PROMPT, OUTPUT, EOS)) < 1e-5
 
 
 @pytest.mark.parametrize("name", list(CASES))

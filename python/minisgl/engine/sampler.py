@@ -9,7 +9,8 @@ Requests are registered by key (their state slot) with their params and generato
 counts each key's samples itself, so min_tokens needs nothing from the caller. A step works on
 the whole batch at once: the host builds index lists from what it already knows and copies them
 without waiting, every filter runs batched on the device, and each generator draws once for all
-its rows (unseeded requests share one). Logprobs are not taken here: they describe the raw logits.
+its rows (unseeded requests share one); nothing in a step waits for the device. Logprobs are not
+taken here: they describe the raw logits.
 """
 from __future__ import annotations
 
@@ -105,11 +106,14 @@ class Sampler:
             by_generator: dict[int, list[int]] = {}
             for j, i in enumerate(hot):
                 by_generator.setdefault(id(live[i].generator), []).append(j)
-            picked = torch.empty(len(hot), dtype=_I64, device=self.device)
+            # An exponential race, argmax(p / E) with E ~ Exp(1), draws token i with probability p_i;
+            # unlike torch.multinomial it has no validity checks that wait for the device.
+            race = torch.empty_like(probs)
             for js in by_generator.values():
                 rows = to_device(js, _I64, self.device)
-                picked[rows] = torch.multinomial(probs[rows], 1, generator=live[hot[js[0]]].generator)[:, 0]
-            out[hot_idx] = picked
+                noise = torch.empty(len(js), probs.shape[1], device=self.device)
+                race[rows] = noise.exponential_(generator=live[hot[js[0]]].generator)
+            out[hot_idx] = (probs / race).argmax(-1)
         penalised = [i for i, k in enumerate(keys) if k in self.history]
         if penalised:
             rows = self.history.rows([keys[i] for i in penalised])
@@ -126,7 +130,8 @@ class Sampler:
         probs = torch.nn.functional.one_hot(adjusted.argmax(-1), self.vocab_size).to(_F32)
         hot = [i for i, r in enumerate(live) if not r.params.greedy]
         if hot:
-            probs[hot] = self._filtered(adjusted[hot], [live[i].params for i in hot]).softmax(-1)
+            idx = to_device(hot, _I64, self.device)
+            probs[idx] = self._filtered(adjusted[idx], [live[i].params for i in hot]).softmax(-1)
         return probs
 
     def _adjust(self, logits: torch.Tensor, keys: Sequence[int], live: list[_Live]) -> torch.Tensor:
@@ -153,8 +158,8 @@ class Sampler:
             index = (to_device(bias[0], _I64, dev), to_device(bias[1], _I64, dev))
             x.index_put_(index, to_device(bias[2], _F32, dev), accumulate=True)
         if masked[0]:
-            x.index_put_((to_device(masked[0], _I64, dev), to_device(masked[1], _I64, dev)),
-                         torch.tensor(float("-inf"), device=dev))
+            index = (to_device(masked[0], _I64, dev), to_device(masked[1], _I64, dev))
+            x.index_put_(index, torch.full((len(masked[0]),), float("-inf"), device=dev))  # filled, not copied
         if penalised:
             idx = to_device(penalised, _I64, dev)
             rows = self.history.rows([keys[i] for i in penalised])
