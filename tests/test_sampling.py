@@ -117,6 +117,11 @@ def test_sampling_extremes_stay_finite() -> None:
     assert sampler.sample(logits, [3]).item() == best or logits[0, 0] == logits.max()
 
 
+def test_out_of_vocabulary_bias_is_refused(cpu_llm: LLM) -> None:
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        cpu_llm.generate([[1, 2]], SamplingParams(logit_bias={10**6: 1.0}))
+
+
 def test_params_validation() -> None:
     for bad in (dict(min_p=1.5), dict(repetition_penalty=0), dict(presence_penalty=2.5), dict(frequency_penalty=-3),
                 dict(min_tokens=20, max_tokens=10), dict(min_tokens=-1), dict(logit_bias={"x": 1.0}),

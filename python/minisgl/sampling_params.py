@@ -82,6 +82,12 @@ class SamplingParams:
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise ValueError if logit_bias names a token the model does not have."""
+        bad = [t for t, _ in self.logit_bias if t >= vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
     @property
     def greedy(self) -> bool:
         # Dividing logits by a temperature this small overflows to inf (and NaN probabilities).

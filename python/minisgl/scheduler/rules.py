@@ -28,6 +28,7 @@ def validate_request(
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
+    params.check_vocab(vocab_size)
 
 
 def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) -> None:

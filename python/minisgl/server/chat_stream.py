@@ -22,19 +22,11 @@ class ChoiceStream:
         tool_calls); with finished, everything still held back too."""
         reasoning, content = "", text
         if self.reasoning is not None:
-            split = self.reasoning.push(text)
-            if finished:
-                rest = self.reasoning.finish()
-                split.reasoning += rest.reasoning
-                split.content += rest.content
+            split = self.reasoning.push(text, finished)
             reasoning, content = split.reasoning, split.content
         calls: list[dict[str, Any]] = []
         if self.tools is not None:
-            parsed = self.tools.push(content)
-            if finished:
-                rest = self.tools.finish()
-                parsed.content += rest.content
-                parsed.calls += rest.calls
+            parsed = self.tools.push(content, finished)
             content, calls = parsed.content, parsed.calls
         delta: dict[str, Any] = {}
         if reasoning:

@@ -46,16 +46,28 @@ class Qwen3ReasoningParser:
         self.reasoning_started = False
         self.content_started = False
 
-    def push(self, text: str) -> Split:
+    def push(self, text: str, final: bool = False) -> Split:
+        """The reasoning and content this text completes; with final (the output has ended), also
+        everything held back."""
         self.pending += text
         out = Split()
+        self._advance(out)
+        if final:
+            if self.state == _THINKING:
+                out.reasoning += self._reasoning(self.pending.rstrip("\n"))
+            else:
+                out.content += self._content(self.pending)
+            self.pending = ""
+        return out
+
+    def _advance(self, out: Split) -> None:
         while True:
             if self.state == _BEFORE:
                 head = self.pending.lstrip()
                 if head.startswith(THINK_OPEN):  # the model opened the block itself
                     self.pending, self.state = head[len(THINK_OPEN) :], _THINKING
                 elif THINK_OPEN.startswith(head):  # nothing yet, or a tag still arriving
-                    return out
+                    return
                 else:
                     self.state = _AFTER
             elif self.state == _THINKING:
@@ -67,7 +79,7 @@ class Qwen3ReasoningParser:
                     ready = ready.rstrip("\n")
                     out.reasoning += self._reasoning(ready)
                     self.pending = self.pending[len(ready) :]
-                    return out
+                    return
                 i, marker = min(ends)
                 out.reasoning += self._reasoning(self.pending[:i].rstrip("\n"))
                 # </think> is consumed; a tool call is the answer's and stays in the text.
@@ -76,16 +88,7 @@ class Qwen3ReasoningParser:
             else:
                 out.content += self._content(self.pending)
                 self.pending = ""
-                return out
-
-    def finish(self) -> Split:
-        """The text held back when the output ends."""
-        if self.state == _THINKING:
-            out = Split(reasoning=self._reasoning(self.pending.rstrip("\n")))
-        else:
-            out = Split(content=self._content(self.pending))
-        self.pending = ""
-        return out
+                return
 
     def _reasoning(self, text: str) -> str:
         """Reasoning text, minus the separator newlines after <think>."""

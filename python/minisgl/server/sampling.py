@@ -47,7 +47,5 @@ def request_sampling_params(
         skip_special_tokens=body.skip_special_tokens,
         logit_bias=body.logit_bias or (),
     )
-    bad = [t for t, _ in params.logit_bias if t >= vocab_size]
-    if bad:
-        raise ValueError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    params.check_vocab(vocab_size)
     return params

@@ -66,14 +66,26 @@ class Qwen3CoderToolParser:
         self.pending = prefix  # inside: the block so far; outside: a possible opening tag or trailing whitespace
         self.space = ""  # whitespace dropped before the current block, given back if it fails to parse
 
-    def push(self, text: str) -> ToolCalls:
+    def push(self, text: str, final: bool = False) -> ToolCalls:
+        """The content and calls this text completes; with final (the output has ended), also what
+        is held back: an unclosed block goes back as text."""
         self.pending += text
         out = ToolCalls()
+        self._advance(out)
+        if final:
+            held, self.pending = self.pending, ""
+            if self.inside:
+                out.content += self.space + held
+            elif held.strip() or not self.num_calls:
+                out.content += held
+        return out
+
+    def _advance(self, out: ToolCalls) -> None:
         while True:
             if self.inside:
                 end = self.pending.find(CALL_CLOSE)
                 if end < 0:
-                    return out
+                    return
                 block, self.pending = self.pending[: end + len(CALL_CLOSE)], self.pending[end + len(CALL_CLOSE) :]
                 self.inside = False
                 self._close(block, out)
@@ -89,14 +101,7 @@ class Qwen3CoderToolParser:
             ready = self.pending[: len(self.pending) - held_tail(self.pending, (CALL_OPEN,))].rstrip()
             out.content += ready
             self.pending = self.pending[len(ready) :]
-            return out
-
-    def finish(self) -> ToolCalls:
-        """What is held when the output ends: an unclosed block goes back as text."""
-        text, self.pending = self.pending, ""
-        if self.inside:
-            return ToolCalls(content=self.space + text)
-        return ToolCalls(content="" if self.num_calls else text)
+            return
 
     def _close(self, block: str, out: ToolCalls) -> None:
         call = parse_call(block[len(CALL_OPEN) : -len(CALL_CLOSE)], self.schemas)
