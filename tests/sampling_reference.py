@@ -168,8 +168,8 @@ def check_greedy_loop(
     forward, allocate = engine.forward_batch, engine.pool.allocate
     slots: list[int] = []  # admission is first come, first served: request i gets the i-th slot
 
-    def recording(batch, all_logits=False):  # noqa: ANN001, ANN202
-        out = forward(batch, all_logits)
+    def recording(batch, rows=None):  # noqa: ANN001, ANN202
+        out = forward(batch, rows)
         steps.append((batch.slots.tolist(), out.float().cpu().clone()))
         return out
 

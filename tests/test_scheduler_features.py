@@ -81,7 +81,7 @@ def _reference_logprobs(engine: Engine, tokens: list[int]) -> torch.Tensor:
     slot = engine.pool.allocate(len(tokens))
     try:
         engine.pool.ensure_tokens(slot, len(tokens))
-        logits = engine.forward_batch(engine.make_batch([tokens], [0], [slot]), all_logits=True)
+        logits = engine.forward_batch(engine.make_batch([tokens], [0], [slot]), torch.arange(len(tokens)))
     finally:
         engine.pool.free(slot)
     return torch.log_softmax(logits, -1)
@@ -173,9 +173,9 @@ def test_prefill_budget_bounds_each_step(engine: Engine) -> None:
     seen: list[tuple[int, ...]] = []
     forward = engine.forward_batch
 
-    def spy(batch, all_logits=False):
+    def spy(batch, rows=None):
         seen.append(batch.extend_lens)
-        return forward(batch, all_logits)
+        return forward(batch, rows)
 
     engine.forward_batch = spy
     try:

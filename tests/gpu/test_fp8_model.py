@@ -45,7 +45,7 @@ def _teacher_forced_top1(engine: Engine, prompt: list[int], continuation: list[i
     seq = prompt + continuation
     slot = engine.pool.allocate(len(seq))
     engine.pool.ensure_tokens(slot, len(seq))
-    logits = engine.forward_batch(engine.make_batch([seq[:-1]], [0], [slot]), all_logits=True)
+    logits = engine.forward_batch(engine.make_batch([seq[:-1]], [0], [slot]), torch.arange(len(seq) - 1))
     engine.pool.free(slot)
     picks = logits[len(prompt) - 1 :].argmax(-1).tolist()
     return [p == t for p, t in zip(picks, continuation)]

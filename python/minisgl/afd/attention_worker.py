@@ -51,11 +51,11 @@ class AttentionWorker:
                 config.norm_topk_prob, self.transport, self.step_state,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote)
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
-        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids)  # keyed by slot
+        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
         self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),

@@ -70,10 +70,13 @@ class _Live:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, vocab_size: int, device: torch.device, eos_token_ids: Sequence[int], max_requests: int | None = None
+    ) -> None:
+        """max_requests: how many keys can be live at once (the pool's slots), which caps the history."""
         self.vocab_size, self.device = vocab_size, torch.device(device)
         self.eos = tuple(eos_token_ids)
-        self.history = TokenHistory(vocab_size, self.device)
+        self.history = TokenHistory(vocab_size, self.device, max_requests)
         self._live: dict[int, _Live] = {}
 
     # -- requests -------------------------------------------------------------------------------

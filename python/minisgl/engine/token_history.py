@@ -3,8 +3,8 @@
 A penalised request owns one row: which tokens its prompt holds, and how often each token has
 appeared in its output. The output counts are bumped on the device right after each sample, so a
 step launched before the host has seen the previous step's tokens (the overlap loop, AFD) still
-penalises them. Rows exist only for penalised requests and the table doubles when it runs out, so
-an engine whose requests never use penalties holds no [requests, vocab] table at all.
+penalises them. Rows exist only for penalised requests and the table doubles when it runs out (up
+to max_rows), so an engine whose requests never use penalties holds no [requests, vocab] table.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from minisgl.host_copy import to_device
 
 
 class TokenHistory:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
-        self.vocab_size, self.device = vocab_size, device
+    def __init__(self, vocab_size: int, device: torch.device, max_rows: int | None = None) -> None:
+        self.vocab_size, self.device, self.max_rows = vocab_size, device, max_rows
         self.output_counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
         self.in_prompt = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
         self._row: dict[int, int] = {}
@@ -56,7 +56,7 @@ class TokenHistory:
 
     def _grow(self) -> None:
         old = self.output_counts.shape[0]
-        new = max(4, 2 * old)
+        new = max(4, 2 * old) if self.max_rows is None else min(max(4, 2 * old), max(self.max_rows, old + 1))
         counts = torch.zeros(new, self.vocab_size, dtype=torch.int32, device=self.device)
         seen = torch.zeros(new, self.vocab_size, dtype=torch.bool, device=self.device)
         counts[:old] = self.output_counts
