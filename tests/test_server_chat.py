@@ -234,7 +234,7 @@ def test_generation_config_defaults(client: openai.OpenAI, server: Server) -> No
     inherited = _texts(client)  # top_k=1 and max_new_tokens=6 from generation_config.json
     greedy = _texts(client, temperature=0, max_tokens=6)
     assert inherited == greedy and {n for _, n in inherited} == {6}
-    assert len({text for text, _ in _texts(client, extra={"top_k": -1}, max_tokens=6)}) == 3  # the request's wins
+    assert len({text for text, _ in _texts(client, extra={"top_k": -1}, max_tokens=6)}) > 1  # the request's wins
 
 
 def test_generation_config_ignore(model_dir: str, tmp_path: Path) -> None:
@@ -242,4 +242,4 @@ def test_generation_config_ignore(model_dir: str, tmp_path: Path) -> None:
     with running_server(tmp_path, *flags) as s:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", timeout=60, max_retries=0)
         got = _texts(client)
-        assert len({text for text, _ in got}) == 3 and {n for _, n in got} == {16}  # temperature 1, top_k off, max_tokens 16
+        assert len({text for text, _ in got}) > 1 and {n for _, n in got} == {16}  # temperature 1, top_k off, max_tokens 16
