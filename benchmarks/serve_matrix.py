@@ -136,12 +136,20 @@ def main() -> None:
            *matrix.server_args, *ns.server_args]
     log_path = os.path.join(ns.out, f"server_{ns.matrix}.log")
     report: dict = {"matrix": ns.matrix, "command": " ".join(cmd[1:]), "rows": []}
+
+    def save() -> None:  # after every row: a run stopped by its time limit keeps what it measured
+        with open(os.path.join(ns.out, f"serve_matrix_{ns.matrix}.json"), "w") as f:
+            json.dump(report, f, indent=2)
+
+    # `timeout` sends SIGTERM: end through the finally below, which stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             report["ready_seconds"] = _wait_ready(base, proc, ns.ready_timeout)
             info = _server_info(base)
             report["server_info"] = info["info"]
+            save()
             model, root = serve.served_model(base)
             tokenizer = load_tokenizer(root)
             for row in matrix.rows:
@@ -149,6 +157,7 @@ def main() -> None:
                     continue
                 result = run_row(base, model, tokenizer, row, seed=len(report["rows"]) + 1)
                 report["rows"].append(result)
+                save()
                 print(f"{row.name}: failed {result['failed']}, out {result['output_throughput']:.0f} tok/s, "
                       f"total {result['total_throughput']:.0f} tok/s, TTFT med {result['median_ttft_ms']:.0f} ms, "
                       f"ITL med {result['median_itl_ms']:.1f} P99 {result['p99_itl_ms']:.1f} ms, "
@@ -160,8 +169,7 @@ def main() -> None:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-            with open(os.path.join(ns.out, f"serve_matrix_{ns.matrix}.json"), "w") as f:
-                json.dump(report, f, indent=2)
+            save()
     print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1)[:3000])
 
 

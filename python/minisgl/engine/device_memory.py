@@ -21,7 +21,7 @@ import torch
 
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
 from minisgl.engine.warmup import (
     StepShape,
     decode_shapes,
@@ -57,7 +57,10 @@ def _runner(engine: "Engine", make_batch: Callable[..., ForwardBatch], forward: 
     generator = torch.Generator(device=engine.device).manual_seed(0)
 
     def sample(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        sample_tensor(logits, params, [None if p.greedy else generator for p in params])
+        sampler = Sampler(engine.config.vocab_size, engine.device, engine.config.eos_token_ids, len(params))
+        for key, p in enumerate(params):
+            sampler.add(key, p, None if p.greedy else generator)
+        sampler.sample(logits, list(range(len(params))))
 
     def run(shapes: list[StepShape]) -> None:
         with torch.inference_mode():

@@ -30,6 +30,10 @@ _HELP = {
                     "expert workers",
     "served_model_name": "the model name clients send (default: the model path)",
     "watchdog_timeout": "seconds one step may take before the engine counts as hung and is stopped",
+    "reasoning_parser": "qwen3: the <think> block of chat answers goes to reasoning_content",
+    "tool_call_parser": "qwen3_coder: enables tools in chat; Qwen3.5 XML tool calls go to tool_calls",
+    "generation_config": "sampling defaults for requests that leave fields unset: auto (the model's "
+                         "generation_config.json), ignore (or vllm: none), or a folder holding one",
 }
 
 

@@ -23,7 +23,7 @@ from minisgl.layers.fp8 import quantize_block_fp8
 from minisgl.tools import tiny_model_configs as cfgs
 from minisgl.tools.tiny_tokenizer import build_tiny_tokenizer
 
-FORMAT_VERSION = 1  # bump whenever the generated files change, so stale caches are not reused
+FORMAT_VERSION = 2  # bump whenever the generated files change, so stale caches are not reused
 ARCHS = ("qwen3_5_moe", "qwen3_moe")
 _DEFAULT_LAYERS = {"qwen3_5_moe": 8, "qwen3_moe": 4}
 _NUM_SHARDS = 2
