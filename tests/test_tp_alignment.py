@@ -62,8 +62,13 @@ def test_reference_has_chunked_and_mixed_steps(reference) -> None:
         assert any(1 in s and max(s) > 1 for s in want.extend_lens)  # decodes beside a prefill chunk
 
 
-@pytest.mark.parametrize("model,tp,ep", [(m, tp, ep) for m in ("qwen35", "qwen3_moe") for tp, ep in LAYOUTS]
-                         + [("qwen35_fp8", 2, 1)])
+def _case(model: str, tp: int, ep: int) -> object:
+    """4-rank layouts are the heavier ones (4 processes on a 2-core runner): marked load."""
+    return pytest.param(model, tp, ep, marks=[pytest.mark.load] if tp == 4 else [])
+
+
+@pytest.mark.parametrize("model,tp,ep", [_case(m, tp, ep) for m in ("qwen35", "qwen3_moe") for tp, ep in LAYOUTS]
+                         + [_case("qwen35_fp8", 2, 1)])
 def test_matches_single_rank(hosts, checkpoints, reference, model: str, tp: int, ep: int) -> None:
     got = hosts.run(Case(checkpoints[model], tp, ep, ENGINE, _prompts(), STEPS))
     want = reference[model]
