@@ -12,7 +12,7 @@ from minisgl.server.reasoning import Qwen3ReasoningParser, prompt_opens_thinking
 from minisgl.server.tool_args import typed_value
 from minisgl.server.tool_choice import plan_tools
 from minisgl.server.tool_parser import Qwen3CoderToolParser
-from minisgl.server.serving import ApiError
+from minisgl.server.errors import ApiError
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},

@@ -1,5 +1,6 @@
 """AFD behind the same HTTP server: `python -m minisgl serve --afd ...` answers the official openai
-client with the colocated server's greedy tokens, streaming included, and frees everything after."""
+client with the colocated server's greedy tokens, streaming included, refuses what it cannot do
+before any header, and frees everything after."""
 from __future__ import annotations
 
 import openai
@@ -34,5 +35,18 @@ def test_afd_server_matches_colocated(tmp_path, colocated_texts) -> None:
              "--afd-num-mb", "2")
     with running_server(tmp_path, *flags) as server:
         assert _completions(server.url) == colocated_texts
+        _logprobs_refused_before_headers(server)
         stats = server.wait_idle()
         assert stats["used_pages"] == 0 and stats["used_slots"] == 0
+
+
+def _logprobs_refused_before_headers(server) -> None:
+    """AFD has no logprobs yet: asked for, streaming or not, it is a 400 naming the field, never a
+    200 whose stream then carries an error."""
+    for body, param in [({"logprobs": 2}, "logprobs"), ({"prompt_logprobs": 1}, "prompt_logprobs")]:
+        for stream in (False, True):
+            r = server.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, "stream": stream, **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True, "logprobs": True}
+    r = server.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text

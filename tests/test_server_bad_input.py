@@ -2,6 +2,8 @@
 that says what was wrong, and leave nothing behind in the pools."""
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
@@ -34,11 +36,16 @@ def _expect(server: Server, path: str, status: int, match: str, **kw) -> None:
         ({**GOOD, "n": 10**6}, "n:"),
         ({**GOOD, "prompt": ["a"] * 20, "n": 100}, "exceeds 1024 choices"),
         ({**GOOD, "logprobs": 99}, "logprobs"),
-        ({**GOOD, "stop": [""]}, "stop strings"),
+        ({**GOOD, "stop": [""]}, "stop[0]: String should have at least 1 character"),
+        ({**GOOD, "echo": 0}, "echo: Input should be a valid boolean"),
+        ({**GOOD, "max_tokens": "5"}, "max_tokens: Input should be a valid integer"),
+        ({**GOOD, "max_tokens": 2.5}, "max_tokens: Input should be a valid integer"),
         ({**GOOD, "stop": 5}, "stop"),
-        ({**GOOD, "prompt": ""}, "empty"),
-        ({**GOOD, "prompt": []}, "empty"),
+        ({**GOOD, "prompt": ""}, "prompt: String should have at least 1 character"),
+        ({**GOOD, "prompt": []}, "prompt: List should have at least 1 item"),
+        ({**GOOD, "prompt": [[1], []]}, "prompt[1]: List should have at least 1 item"),
         ({**GOOD, "prompt": [1, "x"]}, "prompt"),
+        ({**GOOD, "prompt": [-1]}, "prompt[0]: Input should be greater than or equal to 0"),
         ({**GOOD, "prompt": [10**9]}, "outside the vocabulary"),
         ({**GOOD, "prompt": "word " * 400}, "maximum context length is 256"),
         ({**GOOD, "frequency_penalty": 2.5}, "frequency_penalty"),
@@ -59,13 +66,13 @@ def test_bad_completion(live_server: Server, body: dict, match: str) -> None:
     "body,match",
     [
         ({"max_tokens": 2}, "messages: Field required"),
-        ({**CHAT, "messages": []}, "at least one message"),
+        ({**CHAT, "messages": []}, "messages: List should have at least 1 item"),
         ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "role must be one of"),
         ({**CHAT, "messages": [{"content": "x"}]}, "role: Field required"),
         ({**CHAT, "messages": "hi"}, "messages"),
         ({**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "only text parts"),
-        ({**CHAT, "max_tokens": 0}, "at least 1"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
         ({**CHAT, "max_completion_tokens": 10**9}, "maximum context length"),
         ({**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs"),
         ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "--tool-call-parser"),
@@ -74,6 +81,32 @@ def test_bad_completion(live_server: Server, body: dict, match: str) -> None:
 )
 def test_bad_chat(live_server: Server, body: dict, match: str) -> None:
     _expect(live_server, "/v1/chat/completions", 400, match, json=body)
+
+
+# Values JSON can carry but no engine can hold: a 400 naming the field, never a 500.
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/completions", {**GOOD, "seed": 2**64}, "seed"),
+        ("/v1/completions", {**GOOD, "seed": -(2**70)}, "seed"),
+        ("/v1/completions", {**GOOD, "stop_token_ids": [3, 2**70]}, "stop_token_ids"),
+        ("/v1/completions", {**GOOD, "prompt": [5, 2**64]}, "prompt"),
+        ("/v1/completions", {**GOOD, "top_k": 2**65}, "top_k"),
+        ("/v1/completions", {**GOOD, "prompt": "hi \ud800 there"}, "prompt"),
+        ("/v1/completions", {**GOOD, "prompt": ["ok", "\udc00"]}, "prompt"),
+        ("/v1/completions", {**GOOD, "stop": ["\ud800"]}, "stop"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\udfffb"}]}, "messages"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a", "name": "\ud800"}]},
+         "messages"),
+        ("/v1/chat/completions", {**CHAT, "seed": 2**64, "n": 1}, "seed"),
+    ],
+)
+def test_values_beyond_the_engine(live_server: Server, path: str, body: dict, param: str) -> None:
+    # ASCII JSON carries a lone surrogate as a \uXXXX escape, which JSON allows.
+    r = live_server.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(param), err
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'{"prompt": "hi", "max_tokens": 2', b"\xff\xfe"])

@@ -17,6 +17,7 @@ import os
 import pickle
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -35,7 +36,7 @@ from minisgl.models.config import load_config
 from minisgl.models.sharding import check_parallel
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
 from minisgl.scheduler.stop import DecoderFactory
@@ -103,6 +104,7 @@ class Coordinator:
             total_pages=pcfg.usable_pages * afd.attn_workers,
             max_running_requests=pcfg.max_running_requests * afd.attn_workers,
             device=f"afd {afd.attn_workers}+{afd.expert_workers}",
+            supports_logprobs=False,
         )
         self._reqs: dict[str, Request] = {}
         self._lane_of: dict[str, Lane] = {}
@@ -153,29 +155,33 @@ class Coordinator:
         ready: set[str] = set()
         deadline = time.monotonic() + _START_TIMEOUT_S
         while len(ready) < len(specs):
-            msg = self._recv(deadline, "to start")
+            msg = self._recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready])
             if isinstance(msg, Reply) and msg.step == -1:
                 ready.add(msg.worker)
         logger.info("AFD: %d attention + %d expert workers ready", self.afd.attn_workers, self.afd.expert_workers)
 
-    def _recv(self, deadline: float, waiting_for: str) -> object:
-        """The next message from any worker; raises WorkerFailure on a death, an error or the deadline."""
+    def _recv(self, deadline: float, waiting_for: str, awaited: Callable[[], list[str]]) -> object:
+        """The next message from any worker; raises WorkerFailure on a death, an error or the
+        deadline. Its message names the workers and what became of them; a live worker's error
+        (transport internals, addresses) goes to the log only."""
         while True:
             if self.reply_sock.poll(_POLL_MS):
                 msg = pickle.loads(self.reply_sock.recv())
                 if isinstance(msg, WorkerFailed):
+                    logger.error("AFD worker %s failed: %s: %s", msg.worker, msg.error_type, msg.message)
                     # A peer's death usually surfaces first as a collective error on a live worker:
-                    # give the dead one a moment to be seen, and name it first.
+                    # give the dead one a moment to be seen, and name it instead.
                     until = time.monotonic() + 2.0
                     while not (dead := self.launcher.dead()) and time.monotonic() < until:
                         time.sleep(0.05)
-                    raise WorkerFailure("; ".join(dead + [f"worker {msg.worker} failed: {msg.message}"]))
+                    raise WorkerFailure(_dead(dead) if dead else
+                                        f"AFD worker {msg.worker} failed ({msg.error_type}; see the server log)")
                 return msg
             dead = self.launcher.dead()
             if dead:
-                raise WorkerFailure("; ".join(dead))
+                raise WorkerFailure(_dead(dead))
             if time.monotonic() > deadline:
-                raise WorkerFailure(f"no answer from the workers {waiting_for} within the timeout")
+                raise WorkerFailure(f"AFD workers {', '.join(awaited())} did not answer {waiting_for} in time")
 
     def _send(self, worker: str, data: bytes) -> None:
         try:
@@ -230,7 +236,11 @@ class Coordinator:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._outbox or self._inflight or any(l.waiting or l.running for l in self.lanes))
+        """True while step() has anything to do or report. A worker's death counts: step() then
+        raises, so an idle coordinator reports it without waiting for traffic."""
+        if self._outbox or self._inflight or any(l.waiting or l.running for l in self.lanes):
+            return True
+        return self.failure is None and self.launcher is not None and bool(self.launcher.dead())
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -252,18 +262,25 @@ class Coordinator:
         self._integrity_checks += 1
 
     def step(self) -> list[RequestOutput]:
+        """Raises WorkerFailure when a worker died or failed, after stopping the workers and freeing
+        every request: the lock-stepped workers cannot go on without it, so nothing can be served
+        (the server turns this into 503s that name the worker)."""
         outputs, self._outbox = self._outbox, []
-        if self.failure is not None:
-            return outputs
         try:
+            if self.failure is not None:
+                raise WorkerFailure(self.failure)
             while len(self._inflight) < self.afd.coordinator_lead and self._send_step():
                 pass
             if self._inflight:
                 outputs += self._retire(self._inflight.popleft())
+            elif dead := self.launcher.dead():  # idle: no collective is there to notice a death
+                raise WorkerFailure(_dead(dead))
             elif any(l.waiting for l in self.lanes) and not any(l.running for l in self.lanes):
                 raise RuntimeError("coordinator stalled: nothing running and no waiting request fits")
         except WorkerFailure as e:
-            outputs += self._fail(str(e))
+            if self.failure is None:
+                self._fail(str(e))
+            raise
         return outputs
 
     # -- planning -------------------------------------------------------------------------------
@@ -323,7 +340,8 @@ class Coordinator:
         deadline = time.monotonic() + self.afd.step_timeout_s
         expected = len(self.plan_socks)  # every worker replies, each lane's TP ranks included
         while len(self._replies.get(step, {})) < expected:
-            msg = self._recv(deadline, f"for step {step}")
+            msg = self._recv(deadline, f"step {step}", lambda: sorted(
+                set(self.ag_names + self.eg_names) - set(self._replies.get(step, {}))))
             if isinstance(msg, Reply):
                 self._replies.setdefault(msg.step, {})[msg.worker] = msg
         touched: dict[int, Request] = {}
@@ -353,15 +371,10 @@ class Coordinator:
         self._lane_of.pop(r.rid, None)
         self._by_wire.pop(self._wire.pop(r.rid, ""), None)
 
-    def _fail(self, reason: str) -> list[RequestOutput]:
-        """Every live request ends with the error; the workers are stopped; new requests are refused."""
+    def _fail(self, reason: str) -> None:
+        """Every request is dropped and its pages freed; the workers are stopped; new requests are refused."""
         logger.error("AFD failure: %s", reason)
         self.failure = reason
-        outputs = [
-            RequestOutput(rid=r.rid, finish_reason=FINISH_ABORT, error=f"AFD worker failure: {reason}",
-                          num_prompt_tokens=len(r.prompt_ids), num_output_tokens=len(r.output_ids))
-            for r in self._reqs.values()
-        ]
         for lane in self.lanes:
             for r in lane.running:
                 lane.alloc.free(r.slot)
@@ -374,4 +387,7 @@ class Coordinator:
         self._by_wire.clear()
         self._inflight.clear()
         self.launcher.stop(timeout_s=0)
-        return outputs
+
+
+def _dead(lines: list[str]) -> str:
+    return "AFD " + "; ".join(lines)

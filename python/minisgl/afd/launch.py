@@ -2,6 +2,7 @@
 installed (`pip install -e .[ray]`) for multi-node placement."""
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 from typing import Protocol
@@ -10,6 +11,8 @@ import torch
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.worker import ATTN, WorkerSpec, worker_main
+
+logger = logging.getLogger(__name__)
 
 
 def worker_devices(afd: AfdArgs) -> list[str]:
@@ -54,11 +57,10 @@ class LocalLauncher:
             self.procs[spec.name] = p
 
     def dead(self) -> list[str]:
-        return [
-            f"worker {name} (pid {p.pid}) exited with code {p.exitcode}"
-            for name, p in self.procs.items()
-            if p.exitcode is not None
-        ]
+        # Killed ones first: a worker killed by a signal is the cause, its peers' errors the effect.
+        gone = sorted((p.exitcode, name, p.pid) for name, p in self.procs.items() if p.exitcode is not None)
+        return [f"worker {name} (pid {pid}) " + (f"was killed by signal {-code}" if code < 0 else f"exited with code {code}")
+                for code, name, pid in gone]
 
     def stop(self, timeout_s: float) -> None:
         for p in self.procs.values():
@@ -127,8 +129,9 @@ class RayLauncher:
                 try:
                     self.ray.get(task)
                     out.append(f"worker {name} exited")
-                except Exception as e:  # noqa: BLE001 - surface the actor's failure as text
-                    out.append(f"worker {name} failed: {e}")
+                except Exception as e:  # noqa: BLE001 - name the failure; its details (a traceback) go to the log
+                    logger.error("AFD worker %s failed: %s", name, e)
+                    out.append(f"worker {name} failed ({type(e).__name__})")
         return out
 
     def stop(self, timeout_s: float) -> None:

@@ -52,6 +52,7 @@ class WorkerFailed:
     """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
 
     worker: str
+    error_type: str
     message: str
 
 
@@ -128,8 +129,18 @@ def lane_groups(afd: AfdArgs) -> list[object]:
     return [dist.new_group(list(range(i * tp, (i + 1) * tp))) for i in range(afd.attn_workers)]
 
 
+def _name_process(name: str) -> None:
+    """The name ps and top show (Linux), so an operator can tell the workers apart (and kill one)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])  # the kernel keeps 15 characters
+    except OSError:
+        pass  # not Linux: the name is only a convenience
+
+
 def worker_main(spec: WorkerSpec) -> None:
     """Process entry point for one worker."""
+    _name_process(f"minisgl-{spec.name}")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.name}: %(message)s", stream=sys.stderr)
     chan = ControlChannel(spec.plan_addr, spec.reply_addr)
     try:
@@ -153,7 +164,7 @@ def worker_main(spec: WorkerSpec) -> None:
         chan.send(Reply(step=-1, worker=spec.name))  # ready
         serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid, StepProfiler.from_env(spec.name))
     except BaseException as e:  # noqa: BLE001 - report any failure to the coordinator, then exit non-zero
-        chan.send(WorkerFailed(spec.name, f"{type(e).__name__}: {e}"))
+        chan.send(WorkerFailed(spec.name, type(e).__name__, str(e)))
         traceback.print_exc()
         sys.exit(1)
     finally:

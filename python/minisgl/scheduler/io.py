@@ -68,6 +68,7 @@ class SchedulerInfo:
     warmup_seconds: float = 0.0
     warmup_compiles: int = 0  # Triton compiles and autotuning runs during warm-up
     memory: str = ""  # the memory planner's summary (GPU)
+    supports_logprobs: bool = True  # logprobs and prompt_logprobs can be asked for
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ class RequestScheduler(Protocol):
         """Drop rid wherever it is, freeing its resources at once; unknown rids are ignored."""
 
     def step(self) -> list[RequestOutput]:
-        """Advance every running request by one step; return what changed."""
+        """Advance every running request by one step; return what changed. Raises when nothing can
+        be served any more (an AFD worker died): every request is gone with it."""
 
     @property
     def has_work(self) -> bool:

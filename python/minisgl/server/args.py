@@ -18,6 +18,11 @@ class ServerArgs:
     reasoning_parser: str | None = None  # "qwen3": <think> blocks -> reasoning_content
     tool_call_parser: str | None = None  # "qwen3_coder": Qwen3.5 XML tool calls -> tool_calls
     generation_config: str = "auto"  # sampling defaults: "auto" (the model's), "ignore", or a folder
+    api_key: str | None = None  # Bearer key for /v1/* and the admin routes; None = open
+    max_queued_requests: int | None = 1024  # choices that may wait beyond the engine's running slots; None = no limit
+    max_request_body_bytes: int = 16 << 20
+    body_read_timeout: float = 30.0  # seconds a client may take to send its whole request body
+    max_logprob_entries: int = 1 << 18  # logprob entries (token + alternatives) one request may produce
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -26,5 +31,11 @@ class ServerArgs:
                                    ("--tool-call-parser", self.tool_call_parser, TOOL_PARSERS)):
             if value is not None and value not in names:
                 raise ValueError(f"{flag} {value!r} is not one of {', '.join(names)}")
-        if self.watchdog_timeout <= 0 or self.startup_timeout <= 0:
-            raise ValueError("watchdog_timeout and startup_timeout must be positive")
+        if self.watchdog_timeout <= 0 or self.startup_timeout <= 0 or self.body_read_timeout <= 0:
+            raise ValueError("watchdog_timeout, startup_timeout and body_read_timeout must be positive")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty (leave it unset for an open server)")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        if self.max_request_body_bytes < 1 or self.max_logprob_entries < 0:
+            raise ValueError("max_request_body_bytes must be >= 1 and max_logprob_entries >= 0")

@@ -51,8 +51,11 @@ class Sender:
         self.sock.connect(addr)
 
     def send(self, msg: Any) -> None:
+        self.send_encoded(encode(msg))
+
+    def send_encoded(self, data: bytes) -> None:
         try:
-            self.sock.send(encode(msg), flags=zmq.NOBLOCK)
+            self.sock.send(data, flags=zmq.NOBLOCK)
         except zmq.Again as e:
             raise PeerGone(f"the receiver at {self.addr} is not reading") from e
 

@@ -15,7 +15,8 @@ from minisgl.server.chat_stream import ChoiceStream
 from minisgl.server.openai_types import ChatCompletionRequest
 from minisgl.server.reasoning import REASONING_PARSERS, prompt_opens_thinking
 from minisgl.server.sampling import requested_max_tokens
-from minisgl.server.serving import ApiError, Choice, ServingContext, created, new_id, respond, usage
+from minisgl.server.errors import ApiError
+from minisgl.server.serving import Choice, ServingContext, created, new_id, respond, usage
 from minisgl.server.tool_choice import plan_tools
 from minisgl.tokenizer.chat import render_chat, unused_template_kwargs
 

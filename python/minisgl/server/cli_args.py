@@ -34,6 +34,13 @@ _HELP = {
     "tool_call_parser": "qwen3_coder: enables tools in chat; Qwen3.5 XML tool calls go to tool_calls",
     "generation_config": "sampling defaults for requests that leave fields unset: auto (the model's "
                          "generation_config.json), ignore (or vllm: none), or a folder holding one",
+    "api_key": "require `Authorization: Bearer KEY` on /v1/* and the admin routes (/health, /metrics stay open)",
+    "max_queued_requests": "choices that may wait beyond the running slots; more get 503 with Retry-After "
+                           "(default: %(default)s)",
+    "max_request_body_bytes": "larger request bodies get 413 (default: %(default)s)",
+    "body_read_timeout": "seconds a client may take to send its request body, else 408 (default: %(default)s)",
+    "max_logprob_entries": "logprob entries (token + alternatives, prompt and output, all choices) one request may "
+                           "produce, else 400 (default: %(default)s)",
 }
 
 

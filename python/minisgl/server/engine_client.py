@@ -3,7 +3,9 @@ handlers waiting for them, and turns a dead or hung engine into errors instead o
 
 A watchdog checks every WATCHDOG_PERIOD that the children are alive and that the engine's heartbeat
 (its stats, sent between steps) is fresh. When either fails, every waiting handler gets an
-EngineUnavailable with the reason, and so does every later request.
+EngineUnavailable with the reason, and so does every later request; the children still running
+are stopped, since the pipeline cannot serve without all of them (an engine whose detokenizer died
+would otherwise keep running requests nobody can receive).
 """
 from __future__ import annotations
 
@@ -16,22 +18,57 @@ from typing import Callable
 
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.server.channel import Addresses, AsyncReceiver, PeerGone, Sender
-from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch
+from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch, encode
 
 logger = logging.getLogger(__name__)
 
 WATCHDOG_PERIOD = 0.25  # seconds
 WAIT_SLICE = 1.0  # a handler's longest single wait before it re-checks the engine's health
+LAST_WORD_GRACE = 1.0  # seconds an exited engine's EngineDead (its reason) may take to arrive
 
 
 class EngineUnavailable(RuntimeError):
     """The engine process is gone or hung; str() says why."""
 
 
+class RequestIdInUse(ValueError):
+    """A response id must name one live request (it is what /abort_request aborts)."""
+
+
 def _exit_reason(name: str, proc: BaseProcess) -> str:
     code = proc.exitcode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
     return f"the {name} process {how}"
+
+
+Queue = asyncio.Queue  # of RequestOutput | EngineUnavailable
+
+
+class Submission:
+    """The engine requests of one HTTP request (one per choice), registered under its response id."""
+
+    def __init__(self, client: "EngineClient", request_id: str, rids: tuple[str, ...], queue: Queue) -> None:
+        self.client, self.request_id, self.rids, self.queue = client, request_id, rids, queue
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        """Outputs of every choice as they come, until each has finished."""
+        left = set(self.rids)
+        while left:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), WAIT_SLICE)
+            except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
+                self.client.check_alive()
+                continue
+            if isinstance(item, EngineUnavailable):
+                raise item
+            if item.finished:
+                left.discard(item.rid)
+            yield item
+
+    def close(self) -> int:
+        """The handler is done (finished, failed, or its client left): forget the request and abort
+        whichever choices still run. Returns how many were aborted; closing twice aborts nothing."""
+        return self.client._close(self.request_id)
 
 
 class EngineClient:
@@ -41,13 +78,16 @@ class EngineClient:
         procs: dict[str, BaseProcess],
         watchdog_timeout: float,
         on_stats: Callable[[SchedulerStats], None] = lambda s: None,
+        on_dead: Callable[[], None] = lambda: None,
     ) -> None:
         self._sender = Sender(addrs.engine)
         self._receiver = AsyncReceiver(addrs.api)
         self._procs = procs
         self._watchdog_timeout = watchdog_timeout
         self._on_stats = on_stats
-        self._routes: dict[str, asyncio.Queue[RequestOutput | EngineUnavailable]] = {}
+        self._on_dead = on_dead
+        self._routes: dict[str, Queue] = {}  # rid -> its handler's queue, until the rid finishes
+        self._requests: dict[str, tuple[str, ...]] = {}  # response id -> its rids, until its handler closes it
         self._ready = asyncio.Event()
         self._heartbeat = time.monotonic()
         self._tasks: list[asyncio.Task] = []
@@ -78,6 +118,10 @@ class EngineClient:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    @property
+    def detokenizer_pid(self) -> int | None:
+        return self._procs["detokenizer"].pid
+
     def check_alive(self) -> None:
         if self.dead_reason is not None:
             raise EngineUnavailable(self.dead_reason)
@@ -85,50 +129,54 @@ class EngineClient:
             raise EngineUnavailable("the engine is still starting")
 
     # -- requests -------------------------------------------------------------------------------
-    def submit(self, reqs: list[GenerateRequest]) -> asyncio.Queue[RequestOutput | EngineUnavailable]:
-        """Send reqs; their outputs (all of them) arrive on the returned queue."""
+    @property
+    def num_in_flight(self) -> int:
+        """Engine requests sent and not yet finished (running or waiting in the engine)."""
+        return len(self._routes)
+
+    def submit(self, request_id: str, reqs: list[GenerateRequest]) -> Submission:
+        """Send reqs (all or none) under request_id."""
         self.check_alive()
-        q: asyncio.Queue[RequestOutput | EngineUnavailable] = asyncio.Queue()
+        if request_id in self._requests:
+            raise RequestIdInUse(f"request id {request_id!r} is already in use")
+        # Everything is encoded before anything is registered, so a request that cannot be sent
+        # leaves nothing behind.
+        payloads = [encode(r) for r in reqs]
+        q: Queue = asyncio.Queue()
+        rids = tuple(r.rid for r in reqs)
+        self._requests[request_id] = rids
+        for rid in rids:
+            self._routes[rid] = q
         try:
-            for r in reqs:
-                self._routes[r.rid] = q
-                self._sender.send(r)
+            for data in payloads:
+                self._sender.send_encoded(data)
         except PeerGone as e:
+            self._requests.pop(request_id)
             self._die(str(e))
             raise EngineUnavailable(self.dead_reason) from e
-        return q
-
-    def abort(self, rids: list[str]) -> int:
-        """Abort whichever of rids are still running (dropping their routes at once); returns how many."""
-        running = [rid for rid in rids if self._routes.pop(rid, None) is not None]
-        for rid in running:
-            if self.dead_reason is None:
-                try:
-                    self._sender.send(AbortRequest(rid))
-                except PeerGone as e:
-                    self._die(str(e))
-        return len(running)
+        return Submission(self, request_id, rids, q)
 
     def abort_request_id(self, request_id: str) -> int:
-        """Abort a response id's choices (rids "<id>-<i>"), or one rid; returns how many were running."""
-        return self.abort([rid for rid in self._routes if rid == request_id or rid.startswith(request_id + "-")])
+        """Abort the still-running choices of the response with exactly this id; returns how many.
+        Their routes stay, so each handler receives its final output (finish_reason "abort") and
+        replies with what it has."""
+        running = [rid for rid in self._requests.get(request_id, ()) if rid in self._routes]
+        self._send_aborts(running)
+        return len(running)
 
-    async def outputs(
-        self, q: asyncio.Queue[RequestOutput | EngineUnavailable], rids: list[str]
-    ) -> AsyncIterator[RequestOutput]:
-        """Outputs for rids, as they come, until each has finished."""
-        left = set(rids)
-        while left:
+    def _close(self, request_id: str) -> int:
+        running = [rid for rid in self._requests.pop(request_id, ()) if self._routes.pop(rid, None) is not None]
+        self._send_aborts(running)
+        return len(running)
+
+    def _send_aborts(self, rids: list[str]) -> None:
+        for rid in rids:
+            if self.dead_reason is not None:
+                return
             try:
-                item = await asyncio.wait_for(q.get(), WAIT_SLICE)
-            except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
-                self.check_alive()
-                continue
-            if isinstance(item, EngineUnavailable):
-                raise item
-            if item.finished:
-                left.discard(item.rid)
-            yield item
+                self._sender.send(AbortRequest(rid))
+            except PeerGone as e:
+                self._die(str(e))
 
     # -- background -----------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
@@ -140,6 +188,8 @@ class EngineClient:
                     if q is not None:
                         q.put_nowait(o)
             elif isinstance(msg, EngineStats):
+                if self.dead_reason is not None:
+                    continue  # a dead engine's last stats would show requests no longer running
                 self.stats, self.idle_checked, self._heartbeat = msg.stats, msg.idle_checked, time.monotonic()
                 self._on_stats(msg.stats)
             elif isinstance(msg, EngineReady):
@@ -153,9 +203,13 @@ class EngineClient:
     async def _watchdog(self) -> None:
         while self.dead_reason is None:
             await asyncio.sleep(WATCHDOG_PERIOD)
-            for name, proc in self._procs.items():
-                if not proc.is_alive():
+            gone = [(name, proc) for name, proc in self._procs.items() if not proc.is_alive()]
+            if gone:
+                # An engine that failed on an error sent why on its way out; let that reason arrive.
+                await asyncio.sleep(LAST_WORD_GRACE)
+                for name, proc in gone:
                     self._die(_exit_reason(name, proc))
+                continue
             stale = time.monotonic() - self._heartbeat
             if self._ready.is_set() and stale > self._watchdog_timeout:
                 self._die(f"the engine made no progress for {stale:.0f} s (--watchdog-timeout); it was stopped")
@@ -170,3 +224,8 @@ class EngineClient:
         for q in {id(q): q for q in self._routes.values()}.values():
             q.put_nowait(err)
         self._routes.clear()
+        self.stats, self.idle_checked = None, False  # nothing is running any more
+        self._on_dead()
+        for proc in self._procs.values():
+            if proc.is_alive():
+                proc.terminate()

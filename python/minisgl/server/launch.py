@@ -23,6 +23,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import with_model_path
 from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.scheduler.args import SchedulerArgs
+from minisgl.server.admission import Admission
 from minisgl.server.app import build_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.channel import Addresses
@@ -73,11 +74,13 @@ def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: Serve
             metrics = ServerMetrics(name)
 
             def make_context() -> ServingContext:
-                client = EngineClient(addrs, procs, server_args.watchdog_timeout, metrics.on_stats)
-                return ServingContext(client, tokenizer, name, metrics, defaults, server_args.reasoning_parser,
-                                      server_args.tool_call_parser)
+                client = EngineClient(addrs, procs, server_args.watchdog_timeout, metrics.on_stats,
+                                      metrics.on_engine_dead)
+                admission = Admission(client, server_args.max_queued_requests, server_args.max_logprob_entries)
+                return ServingContext(client, tokenizer, name, metrics, admission, defaults,
+                                      server_args.reasoning_parser, server_args.tool_call_parser)
 
-            app = build_app(make_context, server_args.startup_timeout)
+            app = build_app(make_context, server_args)
             uvicorn.run(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
                         timeout_graceful_shutdown=CHILD_STOP_TIMEOUT)
         finally:

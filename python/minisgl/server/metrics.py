@@ -41,6 +41,16 @@ class ServerMetrics:
         self.itl = hist("inter_token_latency_seconds", "Time between output tokens")
         self.e2e = hist("e2e_request_latency_seconds", "Request latency, arrival to finish")
 
+    def on_engine_dead(self) -> None:
+        """Nothing runs or waits once the engine is gone (its last stats would say otherwise)."""
+        for g in (self.running, self.waiting, self.page_usage, self.slot_usage):
+            g.set(0)
+
+    def count_aborts(self, n: int) -> None:
+        """n choices aborted because their client left (they never report a finish of their own)."""
+        if n:
+            self.requests.labels(model_name=self.model_name, finish_reason="abort").inc(n)
+
     def on_stats(self, s: SchedulerStats) -> None:
         self.running.set(s.num_running)
         self.waiting.set(s.num_waiting)
@@ -75,7 +85,3 @@ class RequestTimer:
             m.generation_tokens.inc(o.num_output_tokens)
             m.requests.labels(model_name=m.model_name, finish_reason=o.finish_reason).inc()
             m.e2e.observe(now - self.start)
-
-    def on_abort(self, n: int) -> None:
-        if n:
-            self.metrics.requests.labels(model_name=self.metrics.model_name, finish_reason="abort").inc(n)

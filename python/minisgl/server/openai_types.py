@@ -4,7 +4,7 @@ return_token_ids, chat_template_kwargs). Unknown fields are kept in model_extra 
 does. Responses are built as plain dicts in responses.py."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,22 +12,31 @@ from minisgl.sampling_params import MAX_LOGPROBS, MAX_PENALTY
 
 MAX_N = 128  # choices per prompt
 MAX_CHOICES = 1024  # choices per request, over a batch of prompts
-TokenIds = list[int]
+# The schema states the minimum lengths the server enforces: no empty prompt, no empty message list.
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]+$")]  # JSON object keys are strings: a token id in decimal
+
+
+# Strict: a value of the wrong JSON type is refused, as the schema says, never coerced ("1" -> 1, 0 -> false).
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(STRICT, extra="allow")  # unknown fields are logged, never silently dropped
 
     model: str | None = None  # None = the served model
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)  # -1 or 0 = off
-    stop: str | list[str] | None = None
+    stop: NonEmptyStr | list[NonEmptyStr] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     stream: bool = False
@@ -41,7 +50,7 @@ class SamplingFields(BaseModel):
     presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     min_tokens: int = Field(0, ge=0)
-    logit_bias: dict[str, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    logit_bias: dict[TokenIdKey, float] | None = None  # token id -> bias, clamped to [-100, 100]
     user: str | None = None  # the caller's end-user id: informational
 
     def unsupported(self) -> list[str]:
@@ -50,7 +59,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str], TokenIds, list[TokenIds]]
+    prompt: Union[NonEmptyStr, Annotated[list[NonEmptyStr], Field(min_length=1)], TokenIds,
+                  Annotated[list[TokenIds], Field(min_length=1)]]
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -63,16 +73,16 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(STRICT, extra="allow")
 
     role: str
     content: str | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
@@ -88,4 +98,6 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class AbortBody(BaseModel):
+    model_config = STRICT
+
     rid: str

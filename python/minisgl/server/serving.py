@@ -15,12 +15,15 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling_defaults import SamplingDefaults
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
-from minisgl.server.engine_client import EngineClient, EngineUnavailable
+from minisgl.server.admission import Admission, check_text, response_id
+from minisgl.server.engine_client import EngineClient, EngineUnavailable, Submission
+from minisgl.server.errors import ApiError, error_body
 from minisgl.server.logprob_format import LogprobFormatter
 from minisgl.server.metrics import RequestTimer, ServerMetrics
 from minisgl.server.openai_types import SamplingFields
@@ -29,25 +32,7 @@ from minisgl.tokenizer.token_text import TokenTexts
 
 
 logger = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable_error"}
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape, which the openai client turns into BadRequestError and friends."""
-    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": status}}
-
-
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status)
+CLIENT_CLOSED_REQUEST = 499  # (nginx's code) logged for a non-streaming request whose client left
 
 
 def sse(obj: Any) -> str:
@@ -66,11 +51,18 @@ class Choice:
 
 class ServingContext:
     def __init__(
-        self, client: EngineClient, tokenizer: PreTrainedTokenizerBase, model_name: str, metrics: ServerMetrics,
-        defaults: SamplingDefaults = SamplingDefaults(), reasoning_parser: str | None = None,
+        self,
+        client: EngineClient,
+        tokenizer: PreTrainedTokenizerBase,
+        model_name: str,
+        metrics: ServerMetrics,
+        admission: Admission,
+        defaults: SamplingDefaults = SamplingDefaults(),
+        reasoning_parser: str | None = None,
         tool_call_parser: str | None = None,
     ) -> None:
         self.client = client
+        self.admission = admission
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.metrics = metrics
@@ -94,6 +86,7 @@ class ServingContext:
         bad = body.unsupported()
         if bad:
             raise ApiError(400, f"not supported by this server: {', '.join(bad)}", bad[0])
+        check_text(body)
         if body.model_extra:
             logger.warning("ignoring request fields this server does not know: %s", ", ".join(sorted(body.model_extra)))
 
@@ -147,16 +140,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def run_choices(ctx: ServingContext, choices: list[Choice]) -> AsyncIterator[RequestOutput]:
+async def run_choices(ctx: ServingContext, sub: Submission, close: Callable[[], None]) -> AsyncIterator[RequestOutput]:
     """Outputs of every choice as they come. Closing the iterator early aborts the rest."""
     timer = RequestTimer(ctx.metrics)
-    rids = [c.rid for c in choices]
     try:
-        q = ctx.client.submit([GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices])
-    except EngineUnavailable as e:
-        raise ApiError(503, str(e)) from None
-    try:
-        async for o in ctx.client.outputs(q, rids):
+        async for o in sub.outputs():
             timer.on_output(o)
             if o.error is not None:
                 raise ApiError(400, o.error)
@@ -164,7 +152,7 @@ async def run_choices(ctx: ServingContext, choices: list[Choice]) -> AsyncIterat
     except EngineUnavailable as e:
         raise ApiError(503, str(e)) from None
     finally:
-        timer.on_abort(ctx.client.abort(rids))  # the client left (or failed) before these finished
+        close()
 
 
 async def _until_disconnect(raw: Request) -> None:
@@ -176,14 +164,18 @@ ChunkFn = Callable[[RequestOutput], dict[str, Any]]
 
 
 def _stream(
-    ctx: ServingContext, choices: list[Choice], chunk: ChunkFn, usage_chunk: Callable[[], dict[str, Any]] | None
+    outputs: AsyncIterator[RequestOutput],
+    close: Callable[[], None],
+    chunk: ChunkFn,
+    usage_chunk: Callable[[], dict[str, Any]] | None,
 ) -> StreamingResponse:
-    """SSE: one chunk per output, an optional usage chunk, then [DONE]. An error after the headers
-    went out is sent as an `error` event (the openai client raises it)."""
+    """SSE: one chunk per output, an optional usage chunk, then [DONE]. Only the engine failing can
+    still go wrong once the headers went out: that is sent as an `error` event (the openai client
+    raises it)."""
 
     async def events() -> AsyncIterator[str]:
         try:
-            async with aclosing(run_choices(ctx, choices)) as outputs:
+            async with aclosing(outputs):
                 async for o in outputs:
                     yield sse(chunk(o))
             if usage_chunk is not None:
@@ -192,17 +184,19 @@ def _stream(
             yield sse(error_body(e.status, e.message, e.param))
         yield "data: [DONE]\n\n"
 
-    # Starlette cancels `events` when the client disconnects; aclosing then aborts the choices.
-    return StreamingResponse(events(), media_type="text/event-stream")
+    async def close_after() -> None:  # async: a sync background task would run in a thread, off the event loop
+        close()
+
+    # Starlette cancels `events` when the client disconnects, and aclosing then aborts the choices;
+    # the background close covers a client gone before `events` ever started.
+    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(close_after))
 
 
-async def _collect(
-    ctx: ServingContext, raw: Request, choices: list[Choice], on_output: Callable[[RequestOutput], None]
-) -> None:
-    """Feed every output to on_output; abort everything if the client disconnects first."""
+async def _collect(raw: Request, outputs: AsyncIterator[RequestOutput], on_output: Callable[[RequestOutput], None]) -> bool:
+    """Feed every output to on_output; True if the client disconnected first (the rest is aborted)."""
 
     async def consume() -> None:
-        async with aclosing(run_choices(ctx, choices)) as outputs:
+        async with aclosing(outputs):
             async for o in outputs:
                 on_output(o)
 
@@ -215,8 +209,10 @@ async def _collect(
             if not t.done():
                 t.cancel()
         await asyncio.gather(work, gone, return_exceptions=True)
-    if not work.cancelled():
-        work.result()  # re-raise ApiError
+    if work.cancelled():
+        return True
+    work.result()  # re-raise ApiError
+    return False
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -256,15 +252,28 @@ async def respond(
     total_usage: Callable[[], dict[str, int]],
     finish: Callable[[dict[str, Any]], dict[str, Any]] = lambda c: c,
 ) -> Response:
-    """Stream the choices' deltas, or merge them into one body whose choices pass through finish()."""
+    """Admit the choices (every check happens here, before any header is sent), then stream their
+    deltas, or merge them into one body whose choices pass through finish()."""
+    head = {**head, "id": response_id(raw, head["id"])}
+    sub = ctx.admission.admit(head["id"], [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices])
+
+    def close() -> None:  # idempotent: whichever way the response ends first closes the submission
+        ctx.metrics.count_aborts(sub.close())
+
+    outputs = run_choices(ctx, sub, close)
     if body.stream:
         chunk_head = {**head, "object": chunk_object}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return _stream(
-            ctx, choices, lambda o: {**chunk_head, "choices": [delta(o)]},
+            outputs, close, lambda o: {**chunk_head, "choices": [delta(o)]},
             (lambda: {**chunk_head, "choices": [], "usage": total_usage()}) if include_usage else None,
         )
     index = {c.rid: c.index for c in choices}
     merged: dict[int, dict[str, Any]] = {c.index: {} for c in choices}
-    await _collect(ctx, raw, choices, lambda o: merge_delta(merged[index[o.rid]], delta(o)))
+    try:
+        gone = await _collect(raw, outputs, lambda o: merge_delta(merged[index[o.rid]], delta(o)))
+    finally:
+        close()  # also when the client left before the outputs were ever read
+    if gone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody is left to read a body
     return JSONResponse({**head, "choices": [finish(merged[i]) for i in sorted(merged)], "usage": total_usage()})

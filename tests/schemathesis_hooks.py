@@ -1,0 +1,57 @@
+"""Schemathesis hooks for tests/test_server_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
+
+- Valid requests are kept cheap on the CPU and reach the engine: in positive cases n and max_tokens
+  are clamped, `model` is left out (the served model) and a chat role outside the ones the chat
+  template knows becomes "user" (schemathesis re-checks a case after this hook, so a case is
+  judged as what it became).
+- positive_data_acceptance is replaced by a stricter reading of it: a schema-valid request may be
+  refused (400) only for a limit an OpenAPI schema cannot state: the model's vocabulary and context
+  length, a field the server does not implement, a cross-field rule, a server flag's limit, or a
+  chat message the model's template cannot render. Any other refusal means the schema is wrong.
+"""
+from __future__ import annotations
+
+import schemathesis
+
+from minisgl.tokenizer.chat import ROLES
+
+CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2}
+
+RUNTIME_LIMITS = (
+    "outside the vocabulary",  # token ids >= the model's vocabulary size
+    "maximum context length",  # prompt + max_tokens > the context length
+    "not supported by this server",  # accepted for compatibility, refused unless neutral
+    "choices per request",  # prompts x n
+    "needs logprobs",  # top_logprobs without logprobs
+    "--max-logprob-entries",  # prompt length x n x logprobs
+    "does not fit in 64 bits",  # what the engine holds, derived values included (seed + choice index)
+    "lone UTF-16 surrogate",  # JSON strings that are not Unicode text
+    "role must be one of",  # chat roles and parts: what the chat template can render
+    "only text parts",
+    "the chat template rejected",
+)
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs) -> None:  # noqa: ANN001 - schemathesis' hook signature
+    meta = case.meta
+    if not isinstance(case.body, dict) or meta is None or not meta.generation.mode.is_positive:
+        return
+    for key, cap in CAPS.items():
+        v = case.body.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > cap:  # 84.0 is an integer too
+            case.body[key] = cap
+    case.body.pop("model", None)
+    for m in case.body.get("messages") or ():
+        if isinstance(m, dict) and m.get("role") not in ROLES:
+            m["role"] = "user"
+
+
+@schemathesis.check
+def positive_data_refused_only_for_runtime_limits(ctx, response, case) -> None:  # noqa: ANN001
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or response.status_code != 400:
+        return
+    message = response.json()["error"]["message"]
+    if not any(reason in message for reason in RUNTIME_LIMITS):
+        raise AssertionError(f"a schema-valid request was refused for a reason the schema could state: {message}")
