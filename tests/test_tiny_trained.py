@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from hf_reference import load_hf_reference
 from minisgl.tools import tiny_default
 from minisgl.tools import tiny_model_configs as cfgs
+from minisgl.tools import tiny_tokenizer
 from minisgl.tools.make_tiny_model import default_model_path, tiny_tensors
 from minisgl.tools.tiny_checkpoint import INDEX, to_disk, write_shards
 from minisgl.tools.tiny_corpus import load_corpus
@@ -128,3 +129,11 @@ def test_damaged_shipped_weights_are_refused(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(RuntimeError, match="damaged"):
         default_model_path()
     assert os.listdir(tmp_path / "cache") == []  # nothing half-built is left for a later call to trust
+
+
+def test_a_tokenizer_with_other_ids_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MINISGL_CACHE", str(tmp_path))
+    monkeypatch.setattr(tiny_tokenizer, "VOCAB_SIZE", 500)  # fewer merges: other ids for the same text
+    with pytest.raises(RuntimeError, match="retrain"):
+        default_model_path()
+    assert os.listdir(tmp_path) == []
