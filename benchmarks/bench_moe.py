@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gpu_timing import copy_tbps, graph_us, median_us, table
-from minisgl.kernels.fp8_gemm import fp8_linear
+from minisgl.kernels.fp8_linear import fp8_linear
 from minisgl.kernels.moe_align import align_experts
 from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, dequantize_block_fp8, quantize_block_fp8
@@ -155,7 +155,7 @@ def linear_rows(tokens: list[int], copy: float, sweep: bool) -> list[dict[str, o
             x = torch.randn(m, k, dtype=torch.bfloat16, device=DEV)
 
             def ours(**cfg: int) -> float:
-                return graph_us([lambda w=w, s=s: fp8_linear(x, w, s, **cfg) for w, s, _ in copies])
+                return graph_us([lambda w=w, s=s: fp8_linear(x, w, s, backend="split_k", **cfg) for w, s, _ in copies])
 
             us = ours()
             row = {"linear": name, "N": n, "K": k, "M": m, "fp8 triton us": us, "vs copy": nbytes / us / 1e6 / copy}

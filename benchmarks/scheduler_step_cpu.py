@@ -32,7 +32,7 @@ def measure(running: int, steps: int, params: SamplingParams) -> tuple[float, fl
     vocab = engine.config.vocab_size
     logits = torch.randn(running, vocab, generator=torch.Generator().manual_seed(0)) * 4
 
-    def forward(batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
+    def forward(batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         return logits[: batch.batch_size]
 
     engine.forward_batch = forward  # the stub: no model compute

@@ -65,10 +65,11 @@ def prefill_logits(engine: Engine, prompt: list[int], continuation: list[int]) -
     slot = engine.pool.allocate(len(seq))
     try:
         engine.pool.ensure_tokens(slot, len(seq))
-        logits = engine.forward_batch(engine.make_batch([seq[:-1]], [0], [slot]), all_logits=True)
+        rows = torch.arange(len(prompt) - 1, len(seq) - 1, device=engine.device)
+        logits = engine.forward_batch(engine.make_batch([seq[:-1]], [0], [slot]), rows)
     finally:
         engine.pool.free(slot)
-    return logits[len(prompt) - 1 :].float().cpu()
+    return logits.float().cpu()
 
 
 def decode_logits(engine: Engine, prompts: list[list[int]], continuations: list[list[int]],

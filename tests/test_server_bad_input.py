@@ -41,7 +41,13 @@ def _expect(server: Server, path: str, status: int, match: str, **kw) -> None:
         ({**GOOD, "prompt": [1, "x"]}, "prompt"),
         ({**GOOD, "prompt": [10**9]}, "outside the vocabulary"),
         ({**GOOD, "prompt": "word " * 400}, "maximum context length is 256"),
-        ({**GOOD, "frequency_penalty": 0.5}, "not supported by this server: frequency_penalty"),
+        ({**GOOD, "frequency_penalty": 2.5}, "frequency_penalty"),
+        ({**GOOD, "presence_penalty": -3}, "presence_penalty"),
+        ({**GOOD, "repetition_penalty": 0}, "repetition_penalty"),
+        ({**GOOD, "min_p": 1.5}, "min_p"),
+        ({**GOOD, "min_tokens": 5}, "min_tokens"),
+        ({**GOOD, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({**GOOD, "logit_bias": {"512": 1}}, "outside the vocabulary"),
         ({**GOOD, "suffix": "x"}, "suffix"),
     ],
 )
@@ -62,7 +68,7 @@ def test_bad_completion(live_server: Server, body: dict, match: str) -> None:
         ({**CHAT, "max_tokens": 0}, "at least 1"),
         ({**CHAT, "max_completion_tokens": 10**9}, "maximum context length"),
         ({**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs"),
-        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "--tool-call-parser"),
         ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )

@@ -200,7 +200,7 @@ def test_tokenizer_round_trip(ckpts: dict, arch: str) -> None:
     chat = tok.apply_chat_template(
         [{"role": "user", "content": "hi é"}], tokenize=False, add_generation_prompt=True
     )
-    assert chat == "<|im_start|>user\nhi é<|im_end|>\n<|im_start|>assistant\n"
+    assert chat == "<|im_start|>user\nhi é<|im_end|>\n<|im_start|>assistant\n<think>\n"
     chat_ids = tok.encode(chat, add_special_tokens=False)
     assert chat_ids[0] == ids[IM_START] and chat_ids.count(ids[IM_END]) == 1
     gen = _json(ckpt, "generation_config.json")

@@ -58,7 +58,8 @@ class ForwardBatch:
         cu = [0]
         for n in extend:
             cu.append(cu[-1] + n)
-        rows = [s - 1 for s in slots]
+        # Slot s owns table row s - 1; the dummy slot 0 (padding, warm-up) reads the dummy last row.
+        rows = [s - 1 if s > 0 else page_table.shape[0] - 1 for s in slots]
         token_rows = [r for r, n in zip(rows, extend) for _ in range(n)]
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)

@@ -1,5 +1,6 @@
 """The Triton MoE (align, grouped gate/up + SwiGLU, grouped down, combine) against torch on fresh
-random routing and weights, FP8 and BF16, at tiny, 122B and 397B shapes; and its CUDA-graph replay.
+random routing and weights, FP8 and BF16, at tiny, 122B (decode and prefill) and 397B shapes; its
+CUDA-graph replay; and that a new token count compiles nothing new.
 
 Tolerances, as max |err| / max |ref| over the [T, H] output:
 - FP8 EMULATED 2e-2 against fp32 torch on the same FP8 operands (activations quantised by the
@@ -19,21 +20,27 @@ from fp8_refs import DEVICE, moe_reference, poison_allocator, rel_err
 
 pytest.importorskip("triton")
 
-from minisgl.kernels.moe_align import align_experts
+from minisgl.kernels import moe_align, moe_gemm
+from minisgl.kernels.fp8_quant import _quantize_groups_kernel
+from minisgl.kernels.moe_align import align_experts, rows_per_block
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
 from minisgl.moe.triton_experts import TritonExperts
 
 pytestmark = pytest.mark.gpu
 
 FP8_EMULATED, FP8_PLAIN, BF16_TOL = 2e-2, 8e-2, 2e-2
-# (T, E, k, H, I): tiny model, 122B at decode batches 16/64/256, 397B, ragged sizes.
+# (T, E, k, H, I): tiny model, 122B at decode batches 16/64/256 and prefill chunks of 2K and 6K
+# tokens (64 and 128 rows per block, the split align), 397B, ragged sizes.
 SHAPES = [
     (5, 8, 2, 128, 64),
     (16, 256, 8, 3072, 1024),
     (64, 256, 8, 3072, 1024),
     (256, 256, 8, 3072, 1024),
+    (2048, 256, 8, 3072, 1024),
+    (6000, 256, 8, 3072, 1024),
     (16, 512, 10, 4096, 1024),
     (33, 6, 3, 192, 96),
+    (900, 6, 3, 320, 384),
 ]
 
 
@@ -87,7 +94,10 @@ def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8:
         assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@pytest.mark.parametrize("t,k,e", [(1, 8, 256), (64, 8, 256), (4096, 8, 256), (37, 10, 512), (300, 2, 6), (50, 4, 384)])
+@pytest.mark.parametrize(
+    "t,k,e", [(1, 8, 256), (64, 8, 256), (700, 8, 256), (4096, 8, 256), (16384, 8, 256), (37, 10, 512),
+              (300, 2, 6), (50, 4, 384)],
+)
 def test_align_groups_every_valid_pair_once(t: int, k: int, e: int) -> None:
     torch.manual_seed(t * k + e)
     ids = torch.randint(-1, e + 2, (t, k), device=DEVICE)  # includes -1 and ids >= E
@@ -131,3 +141,28 @@ def test_graph_replay_matches_eager() -> None:
     weights.copy_(new_weights)
     graph.replay()
     assert torch.equal(out, run())
+
+
+def _variants(kernel: object) -> int:
+    return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+
+def test_token_counts_in_one_bucket_compile_once() -> None:
+    """Per-step sizes (token and pair counts, block counts, the scales' token-major strides) must not
+    specialise a kernel: counts with the same rows per block add no variant after the first."""
+    torch.manual_seed(9)
+    e, k, h, i = 64, 8, 256, 128
+    gate_up, gs = _gate_up(e, h, i, True)
+    down, ds = _random_weight(e, h, i, fp8=True)
+    counts = [1100, 1101, 1200, 1233, 2047]  # 8 pairs each over 64 experts: 128 rows per block
+    assert len({rows_per_block(t * k, e) for t in counts}) == 1
+    kernels = [_quantize_groups_kernel, moe_gemm._moe_gate_up_kernel, moe_gemm._moe_down_kernel,
+               moe_gemm._moe_combine_kernel, moe_align._moe_count_kernel, moe_align._moe_block_table_kernel,
+               moe_align._moe_scatter_kernel]
+    before = None
+    for t in counts:
+        x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
+        ids, weights = _routing(t, e, k)
+        TritonExperts().forward(x, gate_up, down, ids, weights, gs, ds)
+        before = before or [_variants(kernel) for kernel in kernels]
+    assert [_variants(kernel) for kernel in kernels] == before, f"token counts {counts} compiled new variants"

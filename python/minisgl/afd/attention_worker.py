@@ -14,12 +14,11 @@ from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
 from minisgl.afd.worker import WorkerSpec
 from minisgl.engine.engine import Engine, model_dtype, with_model_path
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
 from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
-from minisgl.sampling_params import SamplingParams
 
 
 @dataclass
@@ -52,11 +51,11 @@ class AttentionWorker:
                 config.norm_topk_prob, self.transport, self.step_state,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote)
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
-        self.samplers: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
+        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
         self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
@@ -67,7 +66,7 @@ class AttentionWorker:
     def _apply(self, plan: AgPlan) -> None:
         for slot in plan.free_slots:
             self.pool.clear_slot(slot)
-            self.samplers.pop(slot, None)
+            self.sampler.remove(slot)
         for new in plan.new_requests:
             self.pool.reset_slot(new.slot)
             gen = None
@@ -75,7 +74,7 @@ class AttentionWorker:
                 gen = self.lane_generator
                 if new.params.seed is not None:
                     gen = torch.Generator(device=self.last_token.device).manual_seed(new.params.seed)
-            self.samplers[new.slot] = (new.params, gen)
+            self.sampler.add(new.slot, new.params, gen)
         for a in plan.pages:
             self.pool.assign_pages(a.slot, a.start, list(a.pages))
 
@@ -138,6 +137,8 @@ class AttentionWorker:
                 mb_tokens=[sum(r.extend_len for r in mb) for mb in plan.micro_batches],
                 contexts=[[r.prefix_len + r.extend_len for r in mb] for mb in plan.micro_batches],
             )
+        for r in (r for mb in plan.micro_batches for r in mb if r.tokens is not None):
+            self.sampler.see_prompt(r.slot, r.tokens)
         batches = [self._batch(mb) if mb else None for mb in plan.micro_batches]
         logits = self._forward(batches, marks)
         rows, rids, slots = [], [], []
@@ -150,8 +151,7 @@ class AttentionWorker:
         device = self.last_token.device
         tokens = torch.empty(0, dtype=torch.int64, device=device)
         if rows:
-            params, gens = zip(*(self.samplers[s] for s in slots))
-            tokens = sample_tensor(torch.stack(rows), list(params), list(gens))
+            tokens = self.sampler.sample(torch.stack(rows), slots)
             self.last_token[to_device(slots, torch.int64, device)] = tokens
         if marks is not None:
             marks.mark(-1, -1, "end")

@@ -75,13 +75,13 @@ class Coordinator:
         self.afd = afd
         self.config = config = load_config(engine_args.model_path)
         ExpertPlan(config.num_experts, afd.expert_workers)  # E % N, before anything starts
-        if afd.num_mb > engine_args.max_running_requests:
-            raise ValueError(
-                f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {engine_args.max_running_requests}: "
-                f"a lane can never fill that many micro-batches"
-            )
         self.max_seq_len = max_seq_len(engine_args, config)
         pcfg = pool_config(engine_args, config)
+        if afd.num_mb > pcfg.max_running_requests:
+            raise ValueError(
+                f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {pcfg.max_running_requests}: "
+                f"a lane can never fill that many micro-batches"
+            )
         self.lanes = [
             Lane(i, PoolAllocator(pcfg.max_running_requests, pcfg.usable_pages, pcfg.page_size, pcfg.max_seq_len))
             for i in range(afd.attn_workers)

@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 LOAD_FORMATS = ("auto", "dummy")
+CPU_MAX_RUNNING_REQUESTS = 16  # the CPU's default: no memory to measure, so a fixed, small pool
+# The planner measures the activation peak, so what is left is headroom for allocator slack only.
+DEFAULT_MEM_FRACTION = 0.95
 
 
 @dataclass(frozen=True)
@@ -13,29 +16,33 @@ class EngineArgs:
     dtype: str = "auto"  # auto = the checkpoint's dtype
     device: str = "auto"  # auto = cuda when available, else cpu
     page_size: int = 64
-    max_running_requests: int = 16
-    context_length: int | None = None  # max tokens per request; None = the model's max_position_embeddings
-    num_pages: int | None = None  # KV pages; None = every slot can reach context_length
-    chunked_prefill_size: int = 2048
+    max_running_requests: int | None = None  # None: 16 on the CPU; on a GPU, what the memory planner fits
+    context_length: int | None = None  # max tokens per request; None: the model's limit (on a GPU, lowered to what fits)
+    num_pages: int | None = None  # KV pages; None: every slot can reach the context (CPU), the planner's (GPU)
+    chunked_prefill_size: int = 1024  # prompt tokens per request per step; per step while others decode
     attention_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
     gdn_backend: str = "auto"  # auto = torch on the CPU; fla when installed, else triton, on CUDA
     moe_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
     mamba_ssm_dtype: str | None = None  # None = the config's mamba_ssm_dtype (fp32)
     seed: int = 0
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 64
+    cuda_graph_max_bs: int | None = None  # None: every batch size up to max_running_requests
+    # On a GPU, the share of memory left after the weights and the measured activation peak that the
+    # pool (state slots, KV pages) may take. None: DEFAULT_MEM_FRACTION. Alias: --gpu-memory-utilization.
+    mem_fraction_static: float | None = None
     # SGLang flags accepted for compatibility; only their defaults are implemented so far.
     tp_size: int = 1
-    mem_fraction_static: float | None = None  # None = size the KV pool by num_pages / context_length
 
     def __post_init__(self) -> None:
-        if self.cuda_graph_max_bs < 1:
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.tp_size != 1:
             raise ValueError(f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (--afd spreads "
                              f"the experts over GPUs)")
-        if self.mem_fraction_static is not None:
-            raise ValueError("mem_fraction_static is not implemented yet; size the KV pool with --num-pages")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
         if self.context_length is not None and self.context_length < 2:

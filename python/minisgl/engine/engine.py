@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import time
 from dataclasses import replace
 from typing import Callable
 
@@ -11,7 +12,9 @@ import torch
 from torch import nn
 
 from minisgl.attention.registry import ATTENTION_BACKENDS
-from minisgl.engine.args import EngineArgs
+from minisgl.engine import compile_watch
+from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, EngineArgs
+from minisgl.engine.device_memory import DevicePreparation, prepare_on_device
 from minisgl.engine.graph import DecodeGraphRunner
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.registry import GDN_BACKENDS
@@ -62,15 +65,36 @@ def max_seq_len(args: EngineArgs, config: ModelConfig) -> int:
     return args.context_length or config.max_position_embeddings
 
 
+def check_context(args: EngineArgs, config: ModelConfig) -> None:
+    """Before any weight loads: a context the model cannot reach is a mistake in the flags."""
+    if args.context_length is not None and args.context_length > config.max_position_embeddings:
+        raise ValueError(
+            f"context_length {args.context_length} exceeds the model's max_position_embeddings "
+            f"{config.max_position_embeddings}"
+        )
+
+
 def pool_config(args: EngineArgs, config: ModelConfig) -> PoolConfig:
-    """One lane's pool; the AFD coordinator derives the same config to mirror a worker's allocator."""
+    """One lane's pool from the flags alone (the CPU, an AFD lane, or --num-pages on a GPU); the AFD
+    coordinator derives the same config to mirror a worker's allocator."""
     return PoolConfig(
-        max_running_requests=args.max_running_requests,
+        max_running_requests=args.max_running_requests or CPU_MAX_RUNNING_REQUESTS,
         max_seq_len=max_seq_len(args, config),
         page_size=args.page_size,
         num_pages=args.num_pages,
         ssm_dtype=args.mamba_ssm_dtype or config.mamba_ssm_dtype,
     )
+
+
+def plans_on_device(args: EngineArgs, device: torch.device) -> bool:
+    """The pool is planned from measured memory on a GPU unless --num-pages pins it; the CPU keeps the
+    flags' sizes so tests stay deterministic."""
+    if device.type != "cuda":
+        if args.mem_fraction_static is not None:
+            raise ValueError("mem_fraction_static sizes the pool from GPU memory; on the CPU use --num-pages "
+                             "and --max-running-requests")
+        return False
+    return args.num_pages is None
 
 
 _REGISTRIES: dict[str, Registry] = {"attention": ATTENTION_BACKENDS, "gdn": GDN_BACKENDS, "moe": MOE_BACKENDS}
@@ -125,16 +149,25 @@ class Engine:
         args: EngineArgs,
         weight_filter: WeightFilter | None = None,
         mlp_factory: Callable[[int], nn.Module] | None = None,
+        max_prefill_tokens: int = 16384,
+        warm_up: bool = True,
     ) -> None:
-        """mlp_factory(layer_id) replaces the local MoE blocks (an AFD attention worker's remote ones)."""
+        """mlp_factory(layer_id) replaces the local MoE blocks (an AFD attention worker's remote ones).
+        warm_up=False skips the device's warm-up and memory planning: an AFD attention worker's steps
+        need its expert workers in lock-step, so it cannot run them alone (its pool keeps the flags'
+        sizes). max_prefill_tokens is the largest prefill step the scheduler will run."""
+        started = time.monotonic()
         self.args = args = with_model_path(args)
         self.model_path: str = args.model_path
         self.config = load_config(self.model_path)
+        check_context(args, self.config)
         self.device = resolve_device(args.device)
+        planned = plans_on_device(args, self.device) and warm_up
         self.dtype = model_dtype(args, self.config)
-        self.max_seq_len = max_seq_len(args, self.config)
         backends = build_backends(args, self.device)
         arch = MODELS.get(self.config.arch)
+        if self.device.type == "cuda":
+            compile_watch.install()
         self.model = build_module(
             lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device, fp8_storage(self.config, self.device)
         )
@@ -143,32 +176,61 @@ class Engine:
         else:
             load_weights(self.model, self.model_path, self.config, weight_filter)
         self.model.eval()
-        pool_cfg = pool_config(args, self.config)
-        self.pool = HybridPool(pool_layout(self.config), pool_cfg, self.dtype, self.device)
+        self.layout = pool_layout(self.config)
+        self.preparation: DevicePreparation | None = None
+        with compile_watch.warming_up():
+            if planned:
+                self.preparation = prepare_on_device(self, max_prefill_tokens)
+                pool_cfg = self.preparation.pool_config
+            else:
+                pool_cfg = pool_config(args, self.config)
+            self.max_seq_len = pool_cfg.max_seq_len
+            self.pool = HybridPool(self.layout, pool_cfg, self.dtype, self.device)
+            self.graph_runner = self._capture_graphs(backends)
+            if planned:
+                self.preparation.warm_up_final(self)
+        self.startup_seconds = time.monotonic() - started
+        self._log_pool(pool_cfg)
+
+    def warmup_summary(self) -> dict[str, float | int | str]:
+        """What warm-up cost and what the planner chose, for /server_info."""
+        prep = self.preparation
+        if prep is None:
+            return {}
+        return {"warmup_seconds": prep.warmup_seconds, "warmup_compiles": prep.warmup_compiles,
+                "memory": prep.describe(self.startup_seconds)}
+
+    def _log_pool(self, pool_cfg: PoolConfig) -> None:
+        if self.preparation is not None:
+            logger.info("%s", self.preparation.describe(self.startup_seconds))
+            return
         kv_mb = (self.pool.kv.nbytes if self.pool.kv else 0) / 2**20
         state_mb = (self.pool.state.nbytes if self.pool.state else 0) / 2**20
         logger.info(
             "pool: %d KV pages of %d tokens (%.1f MiB), %d state slots (%.1f MiB); max concurrency %d at %d tokens",
-            self.pool.total_pages, args.page_size, kv_mb, args.max_running_requests, state_mb,
-            min(args.max_running_requests, self.pool.total_pages // pool_cfg.pages_per_request), self.max_seq_len,
+            self.pool.total_pages, self.args.page_size, kv_mb, self.pool.max_running, state_mb,
+            min(self.pool.max_running, self.pool.total_pages // pool_cfg.pages_per_request), self.max_seq_len,
         )
 
-        self.graph_runner: DecodeGraphRunner | None = None
-        if self.device.type == "cuda" and not args.disable_cuda_graph:
-            unsafe = [type(b).__name__ for b in (backends.attention, backends.gdn, backends.moe)
-                      if not getattr(b, "cuda_graph_safe", False)]
-            if unsafe:
-                logger.warning("CUDA graphs off: %s synchronise with the host in decode", ", ".join(unsafe))
-            else:
-                self.graph_runner = DecodeGraphRunner(self.model, self.pool, self.max_seq_len, args.cuda_graph_max_bs)
-                logger.info("captured decode CUDA graphs for batch sizes %s", self.graph_runner.buckets)
+    def _capture_graphs(self, backends: Backends) -> DecodeGraphRunner | None:
+        if self.device.type != "cuda" or self.args.disable_cuda_graph:
+            return None
+        unsafe = [type(b).__name__ for b in (backends.attention, backends.gdn, backends.moe)
+                  if not getattr(b, "cuda_graph_safe", False)]
+        if unsafe:
+            logger.warning("CUDA graphs off: %s synchronise with the host in decode", ", ".join(unsafe))
+            return None
+        max_bs = self.args.cuda_graph_max_bs or self.pool.max_running
+        runner = DecodeGraphRunner(self.model, self.pool, self.max_seq_len, max_bs)
+        logger.info("captured decode CUDA graphs for batch sizes %s", runner.buckets)
+        return runner
 
     def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch:
         return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device)
 
     @torch.inference_mode()
-    def forward_batch(self, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
-        """fp32 logits of each request's last token [B, V] (or of every token, [T, V])."""
-        if not all_logits and self.graph_runner is not None and self.graph_runner.can_run(batch):
+    def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [R, V] of the flat token rows `rows` (default: each request's last token, [B, V])."""
+        if rows is None and self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
-        return self.model(batch, self.pool, all_logits=all_logits)
+        return self.model(batch, self.pool, rows)

@@ -15,6 +15,17 @@ from minisgl.gdn.triton_backend import TritonGDNBackend
 
 
 class FlaGDNBackend(TritonGDNBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self._cu: tuple[Tensor, Tensor] | None = None  # (a step's cu_seqlens, its int64 copy)
+
+    def _cu_seqlens_i64(self, cu_seqlens: Tensor) -> Tensor:
+        """The same int64 tensor for every GDN layer of a step: fla caches its chunk indices per
+        tensor object, and building them reads cu_seqlens on the host (a sync per layer otherwise)."""
+        if self._cu is None or self._cu[0] is not cu_seqlens:
+            self._cu = (cu_seqlens, cu_seqlens.long())
+        return self._cu[1]
+
     def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
         """inp varlen over cu_seqlens -> o [T, HV, V]."""
         g, beta = inp.gates()  # fp32, exactly the reference's gates
@@ -25,7 +36,7 @@ class FlaGDNBackend(TritonGDNBackend):
             initial_state=initial,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens.long(),
+            cu_seqlens=self._cu_seqlens_i64(cu_seqlens),
         )
         # Padding rows (slot 0) write back the state they read, so slot 0 keeps its contents.
         live = (slots != 0)[:, None, None, None]

@@ -79,6 +79,8 @@ def _conv1d_prefill_kernel(
     req = tl.program_id(2)
     start = tl.load(cu_ptr + req).to(tl.int64)
     length = tl.load(cu_ptr + req + 1).to(tl.int64) - start
+    if block * BLOCK_T >= length:  # past this request's end: the grid covers the whole batch's tokens
+        return
     slot = tl.load(slot_ptr + req).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < channels
@@ -177,9 +179,9 @@ def conv1d_prefill(
     out = torch.empty_like(x) if out is None else out
     channels = x.shape[1]
     batch = cu_seqlens.shape[0] - 1
-    # One host sync for the grid, as every varlen prefill needs its longest request.
-    max_len = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len, block_t), batch)
+    # The grid assumes any request could hold every token (blocks past a request's end return at
+    # once): the longest request's length would cost a host sync in every GDN layer.
+    grid = (triton.cdiv(channels, block_c), triton.cdiv(x.shape[0], block_t), batch)
     _conv1d_prefill_kernel[grid](
         x, weight, conv_state, slots, cu_seqlens, out,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,

@@ -1,4 +1,5 @@
-"""Block-scaled FP8 GEMM: out = x @ W^T with W in float8_e4m3fn and one fp32 scale per 128x128 block.
+"""Block-scaled FP8 GEMM for decode: out = x @ W^T with W in float8_e4m3fn and one fp32 scale per
+128x128 block (kernels/fp8_linear.py picks this kernel or a large-M one by the token count).
 
 Activations are quantised per token in 128-wide groups (the checkpoints' "dynamic" scheme) once per
 call by kernels/fp8_quant.py; the GEMM then streams FP8 weight and activation tiles and multiplies
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8_quant import GROUP, quantize_activations
+from minisgl.kernels.fp8_quant import GROUP
 
 
 @triton.jit
@@ -52,10 +53,10 @@ def load_scale(ptrs, rows_ok, FP8: tl.constexpr):
     return tl.where(rows_ok, 1.0, 0.0)  # a tensor too: both returns must have one type
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "steps_per_split", "stride_xsk"])
 def _fp8_linear_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, M, N, K, steps_per_split,
-    stride_xm, stride_xsm, stride_wn, stride_sn, stride_os, stride_om,
+    stride_xm, stride_xsm, stride_xsk, stride_wn, stride_sn, stride_os, stride_om,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -77,7 +78,8 @@ def _fp8_linear_kernel(
         k_left = K - kb * BLOCK_K
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
         x = load_k_tile(x_ptrs, m_ok, k_left, BLOCK_K, EVEN_K)
-        acc += scaled_dot(w, x, load_scale(s_ptrs + kb, n_ok, True), load_scale(xs_ptrs + kb, m_ok, True), True)
+        x_scale = load_scale(xs_ptrs + kb * stride_xsk, m_ok, True)
+        acc += scaled_dot(w, x, load_scale(s_ptrs + kb, n_ok, True), x_scale, True)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     out = out_ptr + pid_k * stride_os + rm[None, :].to(tl.int64) * stride_om + rn[:, None]
@@ -111,39 +113,33 @@ def k_splits(programs: int, k_steps: int, m: int, num_sms: int) -> int:
     return split
 
 
-def fp8_linear(
-    x: torch.Tensor,  # [..., K] bf16
+def gemm_split_k(
+    xq: torch.Tensor,  # [M, K] float8_e4m3fn, from quantize_activations
+    xs: torch.Tensor,  # [M, ceil(K/128)] fp32, token-major
     weight: torch.Tensor,  # [N, K] float8_e4m3fn
     scale_inv: torch.Tensor,  # [ceil(N/128), ceil(K/128)] fp32
+    out_dtype: torch.dtype,
     block_n: int | None = None,
     split_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 5,
 ) -> torch.Tensor:
-    n, k = weight.shape
-    if x.shape[-1] != k or weight.stride(1) != 1 or scale_inv.stride(1) != 1:
-        raise ValueError(f"fp8_linear: x {tuple(x.shape)} vs weight {tuple(weight.shape)} (rows must be packed)")
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1:
-        x2 = x2.contiguous()
-    m = x2.shape[0]
-    if m == 0:
-        return x.new_empty(*x.shape[:-1], n)
+    """[M, N] = dequant(xq) @ dequant(weight)^T: the decode kernel (tokens the narrow side, K split
+    while the weight tiles are too few to fill the SMs)."""
+    m, k = xq.shape
+    n = weight.shape[0]
     bm = token_block(m)
     m_blocks = triton.cdiv(m, bm)
-    sms = num_sms(x.device)
     bn = block_n or WEIGHT_ROWS
     k_steps = triton.cdiv(k, GROUP)
-    split = split_k or k_splits(triton.cdiv(n, bn) * m_blocks, k_steps, m, sms)
+    split = split_k or k_splits(triton.cdiv(n, bn) * m_blocks, k_steps, m, num_sms(xq.device))
     steps = triton.cdiv(k_steps, split)
     split = triton.cdiv(k_steps, steps)  # no empty split
-    out = torch.empty(split, m, n, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    xq, xs = quantize_activations(x2)
+    out = torch.empty(split, m, n, dtype=out_dtype if split == 1 else torch.float32, device=xq.device)
     _fp8_linear_kernel[(triton.cdiv(n, bn), m_blocks, split)](
         xq, xs, weight, scale_inv, out, m, n, k, steps,
-        xq.stride(0), xs.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0), out.stride(1),
+        xq.stride(0), xs.stride(0), xs.stride(1), weight.stride(0), scale_inv.stride(0), out.stride(0), out.stride(1),
         BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
         num_warps=num_warps, num_stages=num_stages,
     )
-    out = out[0] if split == 1 else out.sum(0).to(x.dtype)
-    return out.view(*x.shape[:-1], n)
+    return out[0] if split == 1 else out.sum(0).to(out_dtype)

@@ -3,6 +3,13 @@
 Quantising once per call, before the GEMM, rather than inside it: a GEMM program that quantises its
 own activation tile repeats the work for every weight tile, and the reduce-divide-cast sits on each
 K step's serial chain, which kept that loop from overlapping its loads (decode is latency-bound).
+
+One program quantises a [ROWS, 128] tile (ROWS tokens, one group): at prefill sizes a program per
+(token, group) spent its time launching 128-element programs, ~8x slower than the bytes allow.
+
+The scales come out token-major ([M, groups] with stride (1, M)): a GEMM's K step reads the scales of
+its consecutive tokens from consecutive addresses, and it is the layout cuBLAS's 1x128 block scaling
+takes as is.
 """
 from __future__ import annotations
 
@@ -13,33 +20,48 @@ import triton.language as tl
 from minisgl.layers.fp8 import FP8_DTYPE
 
 GROUP = 128  # the checkpoints' block edge: weight blocks are GROUP x GROUP, activation groups 1 x GROUP
+ROWS = 32  # tokens per program: a 4096-element tile, 16 per thread at 4 warps
 
 
 @triton.jit
-def _quantize_groups_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, stride_sm, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def quantize_tile(x, FP8_MAX: tl.constexpr):
+    """(codes, scale per row) of an fp32 tile [rows, GROUP]: scale amax / 448 (1 for an all-zero row)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    # Correctly rounded divisions, as torch's, so FP8 rounding boundaries fall where the reference's do.
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.0)
+    q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # x / (amax / 448) can round past 448
+    return q, scale
+
+
+@triton.jit(do_not_specialize=["M", "stride_sg"])
+def _quantize_groups_kernel(
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sg,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     group = tl.program_id(1)
     cols = group * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < K
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    # Correctly rounded divisions, as torch's, so FP8 rounding boundaries fall where the reference's do.
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)  # an all-zero group (padding) must not give 0/0
-    q = tl.math.div_rn(x, tl.zeros_like(x) + scale)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)  # x / (amax / 448) can round past 448
-    tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(s_ptr + row * stride_sm + group, scale)
+    ok = (rows < M)[:, None] & (cols < K)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    x = tl.load(x_ptr + r64 * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    q, scale = quantize_tile(x, FP8_MAX)
+    tl.store(q_ptr + r64 * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + group.to(tl.int64) * stride_sg + rows, scale, mask=rows < M)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (float8_e4m3fn [M, K], fp32 scales [M, ceil(K/128)]) with x ~= q * scale per group;
-    the same rule as layers/fp8.quantize_block_fp8 with block (1, 128)."""
+    """x [M, K] -> (float8_e4m3fn [M, K], fp32 scales [M, ceil(K/128)], token-major) with
+    x ~= q * scale per group; the same rule as layers/fp8.quantize_block_fp8 with block (1, 128)."""
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
     groups = triton.cdiv(k, GROUP)
     q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    s = torch.empty(groups, m, dtype=torch.float32, device=x.device)
     if m:
-        _quantize_groups_kernel[(m, groups)](x, q, s, k, x.stride(0), q.stride(0), s.stride(0), BLOCK=GROUP)
-    return q, s
+        _quantize_groups_kernel[(triton.cdiv(m, ROWS), groups)](
+            x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),
+            ROWS=ROWS, BLOCK=GROUP, FP8_MAX=torch.finfo(FP8_DTYPE).max,
+        )
+    return q, s.t()

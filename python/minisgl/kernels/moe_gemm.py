@@ -14,6 +14,8 @@ Tokens are the MMA's narrow side (acc is [BLOCK_N, BLOCK_M]), as in fp8_gemm.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 import triton
 import triton.language as tl
@@ -37,30 +39,44 @@ def _block_rows(grouping_rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOC
 def _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """This program's weight rows of `expert`: (their first K step's pointers, their block-scale
-    pointers, the rows, which rows exist)."""
+    pointers, the first row's block-scale pointer, the rows, which rows exist)."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     e = expert.to(tl.int64)
     w_ptrs = w_ptr + e * stride_we + rn[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     s_ptrs = s_ptr + e * stride_se + (rn // BLOCK_K) * stride_sn
-    return w_ptrs, s_ptrs, rn, rn < N
+    s_first = s_ptr + e * stride_se + (tl.program_id(0) * BLOCK_N // BLOCK_K) * stride_sn
+    return w_ptrs, s_ptrs, s_first, rn, rn < N
 
 
 @triton.jit
+def _expert_dot(w, x, s_ptrs, s_first, n_ok, x_scale, kb,
+                FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step's [BLOCK_N, BLOCK_M] product. When BLOCK_N divides the 128-row weight block, the
+    tile's rows share one block scale: one scalar, applied per token rather than per output
+    element (the same fp32 products, in fewer instructions and registers)."""
+    if FP8 and BLOCK_K % BLOCK_N == 0:
+        w_scale = tl.load(s_first + kb)
+        return tl.dot(w, tl.trans(x)) * (x_scale * w_scale)[None, :]
+    return scaled_dot(w, x, load_scale(s_ptrs + kb, n_ok, FP8), x_scale, FP8)
+
+
+@triton.jit(do_not_specialize=["stride_xsk"])
 def _moe_gate_up_kernel(
     x_ptr, xs_ptr, w_ptr, s_ptr, h_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     top_k, inter, K,
-    stride_xm, stride_xsm, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+    stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    g_ptrs, gs_ptrs, rn, n_ok = _expert_tiles(
+    g_ptrs, gs_ptrs, gs_first, rn, n_ok = _expert_tiles(
         w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
     )
     u_ptrs = g_ptrs + inter * stride_wn
     us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
+    us_first = gs_first + UP_SCALE_ROW * stride_sn
     token = (pair // top_k).to(tl.int64)
     x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
     xs_ptrs = xs_ptr + token * stride_xsm
@@ -69,11 +85,11 @@ def _moe_gate_up_kernel(
     for kb in range(tl.cdiv(K, BLOCK_K)):
         k_left = K - kb * BLOCK_K
         x = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        xs = load_scale(xs_ptrs + kb, real, FP8)
+        xs = load_scale(xs_ptrs + kb * stride_xsk, real, FP8)
         g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
         u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc_g += scaled_dot(g, x, load_scale(gs_ptrs + kb, n_ok, FP8), xs, FP8)
-        acc_u += scaled_dot(u, x, load_scale(us_ptrs + kb, n_ok, FP8), xs, FP8)
+        acc_g += _expert_dot(g, x, gs_ptrs, gs_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
+        acc_u += _expert_dot(u, x, us_ptrs, us_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -82,19 +98,19 @@ def _moe_gate_up_kernel(
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=n_ok[:, None] & real[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_hsk"])
 def _moe_down_kernel(
     h_ptr, hs_ptr, w_ptr, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     N, K,
-    stride_hm, stride_hsm, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+    stride_hm, stride_hsm, stride_hsk, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
     FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    w_ptrs, s_ptrs, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
-                                             BLOCK_N, BLOCK_K)
+    w_ptrs, s_ptrs, s_first, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se,
+                                                      stride_sn, N, BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
     hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -102,7 +118,8 @@ def _moe_down_kernel(
         k_left = K - kb * BLOCK_K
         h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc += scaled_dot(w, h, load_scale(s_ptrs + kb, n_ok, FP8), load_scale(hs_ptrs + kb, real, FP8), FP8)
+        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
+        acc += _expert_dot(w, h, s_ptrs, s_first, n_ok, hs, kb, FP8, BLOCK_N, BLOCK_K)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
@@ -126,9 +143,36 @@ def _moe_combine_kernel(
     tl.store(out_ptr + t * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-def _weight_block(n: int, blocks: int, device: torch.device) -> int:
-    """Weight rows per program: 64 keeps a wgmma-sized tile; 32 when that would leave SMs idle."""
-    return 64 if triton.cdiv(n, 64) * blocks >= 2 * num_sms(device) else 32
+@dataclass(frozen=True)
+class MoeTile:
+    block_n: int  # weight rows per program (gate_up: of gate, and as many of up)
+    num_warps: int
+    num_stages: int
+
+
+# By rows per block (BLOCK_M, a bucket of the mean rows per expert: see moe_align.rows_per_block).
+# 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64 leaves SMs idle);
+# 128 is prefill's: twice the rows per weight tile read, and 8 warps for its accumulators.
+GATE_UP_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4, 4), 128: MoeTile(64, 8, 3)}
+DOWN_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4, 4), 128: MoeTile(128, 8, 3)}
+
+
+SHARED_MEMORY_BUDGET = 160 << 10  # of the H200's 227 KiB per program: the rest for the epilogue's layout change
+
+
+def _tile(
+    table: dict[int, MoeTile], n: int, g: ExpertGrouping, operand_bytes: int, weight_tiles: int, override: dict[str, int]
+) -> MoeTile:
+    """The table's tile for this grouping, narrowed where decode would leave SMs idle, and with no more
+    pipeline stages than fit in shared memory: each stage holds a [BLOCK_M, 128] activation tile and
+    `weight_tiles` [BLOCK_N, 128] weight tiles of `operand_bytes` each (BF16 and fp32 test models
+    hold 2-4x FP8's bytes)."""
+    tile = table[g.block_m]
+    if g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
+        tile = replace(tile, block_n=32)  # decode: narrower tiles rather than idle SMs
+    tile = replace(tile, **override)
+    stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
+    return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))
 
 
 def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,26 +187,24 @@ def moe_gate_up(
     gate_up: torch.Tensor,  # [E, 2I, H] fp8 or bf16, gate rows first
     gate_up_scale: torch.Tensor | None,  # [E, 2 * ceil(I/128), ceil(H/128)] fp32 for fp8
     g: ExpertGrouping,
-    block_n: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 4,
+    **override: int,  # MoeTile fields (benchmarks)
 ) -> torch.Tensor:
     """[max_blocks * BLOCK_M, I] bf16, rows in grouped order (unused rows unwritten)."""
     _, two_i, k = gate_up.shape
     inter = two_i // 2
     fp8 = gate_up_scale is not None
     h = torch.empty(g.rows.shape[0], inter, dtype=x.dtype, device=x.device)
-    bn = block_n or _weight_block(inter, g.max_blocks, x.device)
+    tile = _tile(GATE_UP_TILES, inter, g, gate_up.element_size(), 2, override)
     xq, xs = _activations(x, fp8)
     scale = gate_up_scale if fp8 else gate_up  # unused pointer when bf16
-    _moe_gate_up_kernel[(triton.cdiv(inter, bn), g.max_blocks)](
+    _moe_gate_up_kernel[(triton.cdiv(inter, tile.block_n), g.max_blocks)](
         xq, xs, gate_up, scale, h, g.rows, g.block_expert, g.block_rows,
         g.top_k, inter, k,
-        xq.stride(0), xs.stride(0), gate_up.stride(0), gate_up.stride(1),
+        xq.stride(0), xs.stride(0), xs.stride(1), gate_up.stride(0), gate_up.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8,
-        BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
-        num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=tile.block_n, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     return h
 
@@ -173,24 +215,22 @@ def moe_down(
     down_scale: torch.Tensor | None,  # [E, ceil(H/128), ceil(I/128)] fp32 for fp8
     weights: torch.Tensor,  # [T, k] routing weights
     g: ExpertGrouping,
-    block_n: int | None = None,
-    num_warps: int = 4,
-    num_stages: int = 4,
+    **override: int,  # MoeTile fields (benchmarks)
 ) -> torch.Tensor:
     """[T * k, H]: each grouped pair's weighted expert output in its own row (skipped pairs unwritten)."""
     _, n, k = down.shape
     fp8 = down_scale is not None
     y = torch.empty(weights.numel(), n, dtype=h.dtype, device=h.device)
-    bn = block_n or _weight_block(n, g.max_blocks, h.device)
+    tile = _tile(DOWN_TILES, n, g, down.element_size(), 1, override)
     hq, hs = _activations(h, fp8)
     scale = down_scale if fp8 else down
-    _moe_down_kernel[(triton.cdiv(n, bn), g.max_blocks)](
+    _moe_down_kernel[(triton.cdiv(n, tile.block_n), g.max_blocks)](
         hq, hs, down, scale, y, weights.contiguous(), g.rows, g.block_expert, g.block_rows,
         n, k,
-        hq.stride(0), hs.stride(0), down.stride(0), down.stride(1),
+        hq.stride(0), hs.stride(0), hs.stride(1), down.stride(0), down.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
-        FP8=fp8, BLOCK_N=bn, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
-        num_warps=num_warps, num_stages=num_stages,
+        FP8=fp8, BLOCK_N=tile.block_n, BLOCK_M=g.block_m, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     return y
 

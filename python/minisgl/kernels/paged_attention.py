@@ -89,7 +89,7 @@ def _paged_decode_kernel(
     tl.store(part_out + base[:, None] * D + od[None, :], out, mask=hmask[:, None] & dmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # follows the batch size: no variant per size
 def _combine_splits_kernel(
     part_out, part_lse, out_ptr, stride_ot, stride_oh, num_splits,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -125,6 +125,10 @@ def _paged_extend_kernel(
     req = tl.program_id(2).to(tl.int64)
     q_start = tl.load(cu_ptr + req).to(tl.int64)
     extend = tl.load(cu_ptr + req + 1).to(tl.int64) - q_start
+    # The grid is sized for the longest extend in the batch; a shorter one's spare blocks (most of
+    # them when decodes ride along with a prefill chunk) must not scan its whole context for nothing.
+    if block * TOKENS >= extend:
+        return
     seq_len = tl.load(seqlen_ptr + req).to(tl.int64)
     prefix = seq_len - extend
     row = tl.load(rows_ptr + req).to(tl.int64) * stride_table

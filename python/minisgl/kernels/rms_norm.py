@@ -22,7 +22,8 @@ _TILE = 2048
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
-@triton.jit
+# rows changes every step: left unspecialised, a new token count never compiles a new variant.
+@triton.jit(do_not_specialize=["rows"])
 def _rms_norm_kernel(
     x_ptr, delta_ptr, h_ptr, z_ptr, w_ptr, y_ptr,
     stride_x, stride_delta, stride_h, stride_z, stride_y, rows, cols, eps,

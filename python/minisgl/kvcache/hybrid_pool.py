@@ -32,6 +32,16 @@ class PoolLayout:
     key_head_dim: int = 0
     value_head_dim: int = 0
 
+    def kv_bytes_per_page(self, page_size: int, dtype: torch.dtype) -> int:
+        """K and V of one page over all full-attention layers (what KVPool allocates per page)."""
+        return 2 * len(self.full_layers) * page_size * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+    def state_bytes_per_slot(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> int:
+        """Conv and SSM state of one slot over all GDN layers (what StatePool allocates per slot)."""
+        conv = self.conv_dim * (self.conv_kernel - 1) * conv_dtype.itemsize
+        ssm = self.num_value_heads * self.key_head_dim * self.value_head_dim * ssm_dtype.itemsize
+        return len(self.linear_layers) * (conv + ssm)
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -99,6 +109,20 @@ class HybridPool:
             (self.max_running + 1, cfg.pages_per_request), DUMMY_PAGE, dtype=torch.int32, device=device
         )
         self.dummy_row = self.max_running
+
+    @classmethod
+    def scratch(
+        cls, layout: PoolLayout, table_tokens: int, page_size: int, dtype: torch.dtype, ssm_dtype: str,
+        device: torch.device | str,
+    ) -> "HybridPool":
+        """One slot and one page, but a page table as wide as a pool for `table_tokens` tokens: for
+        steps that touch only the dummy slot and row (warm-up and memory probes), so the kernels see
+        the table stride they will see on the real pool."""
+        pool = cls(layout, PoolConfig(1, page_size, page_size, ssm_dtype=ssm_dtype), dtype, device)
+        pool.page_table = torch.full(
+            (2, _num_pages(table_tokens, page_size)), DUMMY_PAGE, dtype=torch.int32, device=device
+        )
+        return pool
 
     @property
     def total_pages(self) -> int:

@@ -24,6 +24,6 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Imported here: CPU installs have no triton (they may still build and load this layer).
-        from minisgl.kernels.fp8_gemm import fp8_linear
+        from minisgl.kernels.fp8_linear import fp8_linear
 
         return fp8_linear(x, self.weight, self.weight_scale_inv)

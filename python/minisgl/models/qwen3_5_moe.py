@@ -83,16 +83,16 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
         return x, ForwardContext(batch, pool, cos, sin)
 
-    def logits(self, x: torch.Tensor, batch: ForwardBatch, all_logits: bool = False) -> torch.Tensor:
-        """fp32 logits of each request's last token [B, V], or of every token [T, V]."""
-        if not all_logits:
-            x = x[batch.logit_idx]
+    def logits(self, x: torch.Tensor, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits [R, V] of the flat token rows `rows` (default: each request's last token).
+        Only the rows asked for go through the head: [T, V] for a long prompt would not fit."""
+        x = x[batch.logit_idx if rows is None else rows]
         x = self.norm(x)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return torch.nn.functional.linear(x, head).float()
 
-    def forward(self, batch: ForwardBatch, pool: HybridPool, all_logits: bool = False) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:
         x, ctx = self.embed(batch, pool)
         for layer in self.layers:
             x = layer(x, ctx)
-        return self.logits(x, batch, all_logits)
+        return self.logits(x, batch, rows)

@@ -21,4 +21,4 @@ def build_scheduler(
         from minisgl.afd.coordinator import Coordinator
 
         return Coordinator(engine_args, afd, make_decoder, sched_args)
-    return Scheduler(Engine(engine_args), make_decoder, sched_args)
+    return Scheduler(Engine(engine_args, max_prefill_tokens=sched_args.max_prefill_tokens), make_decoder, sched_args)

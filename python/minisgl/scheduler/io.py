@@ -64,6 +64,10 @@ class SchedulerInfo:
     total_pages: int
     max_running_requests: int
     device: str
+    startup_seconds: float = 0.0  # engine construction: load, plan, warm up
+    warmup_seconds: float = 0.0
+    warmup_compiles: int = 0  # Triton compiles and autotuning runs during warm-up
+    memory: str = ""  # the memory planner's summary (GPU)
 
 
 @dataclass(frozen=True)
@@ -75,3 +79,4 @@ class SchedulerStats:
     used_slots: int
     total_slots: int
     integrity_checks: int  # how many times check_integrity has run and passed (the driver runs it when idle)
+    compiles: int = 0  # Triton compiles and autotuning runs in the engine process since it started

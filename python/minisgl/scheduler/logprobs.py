@@ -21,8 +21,21 @@ class LogprobTensors:
         return LogprobTensors(fn(self.logprob), fn(self.rank), fn(self.top_ids), fn(self.top_logprobs))
 
 
+# Rows per log-softmax pass: each row's fp32 copy of the vocabulary is 1 MB at 248K tokens.
+_ROWS_PER_PASS = 64
+
+
 def compute_logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int) -> LogprobTensors:
     """logits [R, V], targets [R] -> the targets' logprobs, ranks and the top-k; stays on the device."""
+    parts = [_logprobs(logits[i : i + _ROWS_PER_PASS], targets[i : i + _ROWS_PER_PASS], k)
+             for i in range(0, max(1, logits.shape[0]), _ROWS_PER_PASS)]
+    if len(parts) == 1:
+        return parts[0]
+    return LogprobTensors(*(torch.cat(ts) for ts in zip(*(
+        (p.logprob, p.rank, p.top_ids, p.top_logprobs) for p in parts))))
+
+
+def _logprobs(logits: torch.Tensor, targets: torch.Tensor, k: int) -> LogprobTensors:
     lsm = torch.log_softmax(logits.float(), dim=-1)
     lp = lsm.gather(1, targets[:, None].long())[:, 0]
     rank = (lsm > lp[:, None]).sum(dim=-1) + 1

@@ -28,6 +28,7 @@ def validate_request(
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
+    params.check_vocab(vocab_size)
 
 
 def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) -> None:
@@ -35,7 +36,8 @@ def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) ->
     p = r.params
     if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos):
         r.finish_reason, r.matched_stop = FINISH_STOP, tok
-    elif r.stop_checker is not None and (hit := r.stop_checker.push(tok)) is not None:
+    # Stop strings count only once the output is past min_tokens (vLLM's rule), but the text grows regardless.
+    elif r.stop_checker is not None and (hit := r.stop_checker.push(tok, len(r.output_ids) > p.min_tokens)) is not None:
         r.finish_reason, r.matched_stop = FINISH_STOP, hit
     elif len(r.output_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.output_ids) >= max_seq_len:
         r.finish_reason = FINISH_LENGTH
@@ -120,6 +122,11 @@ def reserve_tokens(r: Request, max_seq_len: int) -> int:
     return min(len(r.prompt_ids) + r.params.max_tokens, max_seq_len)
 
 
+# Prompt tokens per step whose logits a prompt_logprobs request needs: each such row costs a
+# vocabulary of fp32 logits (1 MB at 248K), so long prompts are scored a bounded chunk at a time.
+PROMPT_LOGPROB_TOKENS = 256
+
+
 def plan_batch(
     running: list[Request],
     waiting: deque[Request],
@@ -129,22 +136,31 @@ def plan_batch(
     prefill_budget: int,
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
-    most chunk_size, all together at most prefill_budget), admitting waiting requests first-come
-    first-served while the pool can reserve their pages and a slot."""
+    most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
+    their pages and a slot. The step's prompt tokens are at most prefill_budget, and at most
+    chunk_size while requests decode, so no decode waits behind more than one chunk of prefill:
+    that bounds the inter-token latency."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
-    budget = prefill_budget
+    budget = min(chunk_size, prefill_budget) if items else prefill_budget
+    logprob_budget = PROMPT_LOGPROB_TOKENS
 
-    def chunk(r: Request) -> None:
-        nonlocal budget
-        items.append((r, min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)))
-        budget -= items[-1][1]
+    def chunk_len(r: Request) -> int:
+        n = min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)
+        return min(n, logprob_budget) if r.prompt_logprobs is not None else n
+
+    def take(r: Request, n: int) -> None:
+        nonlocal budget, logprob_budget
+        items.append((r, n))
+        budget -= n
+        if r.prompt_logprobs is not None:
+            logprob_budget -= n
 
     for r in running:
-        if not r.prefill_done and budget > 0:
-            chunk(r)
-    while waiting and budget > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len)):
+        if not r.prefill_done and (n := chunk_len(r)) > 0:
+            take(r, n)
+    while waiting and chunk_len(waiting[0]) > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len)):
         r = waiting.popleft()
         r.slot = pool.allocate(reserve_tokens(r, max_seq_len))
         running.append(r)
-        chunk(r)
+        take(r, chunk_len(r))
     return items

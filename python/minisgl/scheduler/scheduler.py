@@ -13,13 +13,16 @@ while step t+1 may still write them is safe: the device runs steps in stream ord
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
+from minisgl.engine import compile_watch
 from minisgl.engine.engine import Engine
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
+from minisgl.host_copy import to_device
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.io import (
@@ -82,6 +85,8 @@ class Scheduler:
             total_pages=self.pool.total_pages,
             max_running_requests=self.pool.max_running,
             device=str(engine.device),
+            startup_seconds=engine.startup_seconds,
+            **engine.warmup_summary(),
         )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -90,6 +95,7 @@ class Scheduler:
         self._inflight: _Step | None = None
         self._integrity_checks = 0
         self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.args.seed)
+        self.sampler = Sampler(engine.config.vocab_size, engine.device, self.eos, self.pool.max_running)
 
     # -- admission ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -129,6 +135,7 @@ class Scheduler:
             used_slots=self.pool.used_slots,
             total_slots=self.pool.max_running,
             integrity_checks=self._integrity_checks,
+            compiles=compile_watch.compile_count(),
         )
 
     def check_integrity(self) -> None:
@@ -164,41 +171,51 @@ class Scheduler:
             return r.prompt_ids[r.num_computed : r.num_computed + n]
         return [0] if r.num_pending else [r.output_ids[-1]]  # 0: patched from the device below
 
+    @staticmethod
+    def _prompt_logprob_rows(
+        items: list[tuple[Request, int]], tokens: list[list[int]]
+    ) -> tuple[list[tuple[Request, list[int]]], list[int]]:
+        """For the prompt_logprobs requests in a step: (request, the prompt tokens its rows predict)
+        and the flat batch rows whose logits score them."""
+        scored: list[tuple[Request, list[int]]] = []
+        rows: list[int] = []
+        for (r, _), start, fed in zip(items, itertools.accumulate((len(t) for t in tokens), initial=0), tokens):
+            if r.prompt_logprobs is not None and not r.prefill_done:
+                targets = r.prompt_ids[r.num_computed + 1 : r.num_computed + 1 + len(fed)]
+                if targets:
+                    scored.append((r, targets))
+                    rows.extend(range(start, start + len(targets)))
+        return scored, rows
+
     def _launch(self) -> _Step | None:
         items = self._schedule()
         if not items:
             return None
         tokens = [self._input_tokens(r, n) for r, n in items]
-        for r, n in items:
+        for (r, n), toks in zip(items, tokens):
             self.pool.ensure_tokens(r.slot, r.num_computed + n)
+            if r.num_computed == 0:
+                self.sampler.add(r.slot, r.params, r.generator)
+            if not r.prefill_done:
+                self.sampler.see_prompt(r.slot, toks)
         batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items])
         pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
         if pending:
             dst, src = zip(*pending)
             batch.input_ids[batch.logit_idx[list(dst)]] = self._inflight.tokens[list(src)]
-        want_prompt_lp = [
-            (i, r) for i, (r, _) in enumerate(items) if r.prompt_logprobs is not None and not r.prefill_done
-        ]
-        logits = self.engine.forward_batch(batch, all_logits=bool(want_prompt_lp))
-        step_prompt_lp: list[tuple[Request, list[int]]] = []
-        prompt_rows: list[int] = []
-        if want_prompt_lp:
-            cu = batch.cu_seqlens.tolist()
-            for i, r in want_prompt_lp:
-                start = r.num_computed
-                targets = r.prompt_ids[start + 1 : start + 1 + len(tokens[i])]  # what each row predicts
-                step_prompt_lp.append((r, targets))
-                prompt_rows.extend(range(cu[i], cu[i] + len(targets)))
-            prompt_logits = logits[prompt_rows]
-            logits = logits[batch.logit_idx]
+        step_prompt_lp, prompt_rows = self._prompt_logprob_rows(items, tokens)
+        if prompt_rows:  # the scored prompt rows first, then every request's last token
+            rows = torch.cat([to_device(prompt_rows, torch.int64, batch.logit_idx.device), batch.logit_idx])
+            logits = self.engine.forward_batch(batch, rows)
+            prompt_logits, logits = logits[: len(prompt_rows)], logits[len(prompt_rows) :]
+        else:
+            logits = self.engine.forward_batch(batch)
         for r, n in items:
             r.num_computed += n
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
         scored = [r for r, _ in items if r.prefill_done and r.params.max_tokens == 0]
-        sampled_tokens = sample_tensor(
-            logits[sample_rows], [r.params for r in sampled], [r.generator for r in sampled]
-        )
+        sampled_tokens = self.sampler.sample(logits[sample_rows], [r.slot for r in sampled])
         for row, r in enumerate(sampled):
             r.num_pending += 1
             r.pending_row = row
@@ -210,7 +227,7 @@ class Scheduler:
             step.logprobs = lp.map(_to_host)
         if step_prompt_lp:
             k = max(r.params.prompt_logprobs for r, _ in step_prompt_lp)
-            targets = torch.tensor([t for _, ts in step_prompt_lp for t in ts], device=logits.device)
+            targets = to_device([t for _, ts in step_prompt_lp for t in ts], torch.int64, logits.device)
             step.prompt_lp = step_prompt_lp
             step.prompt_logprobs = compute_logprobs(prompt_logits, targets, k).map(_to_host)
         if logits.device.type == "cuda":
@@ -251,6 +268,7 @@ class Scheduler:
 
     def _release(self, r: Request) -> None:
         self.running.remove(r)
+        self.sampler.remove(r.slot)
         self.pool.free(r.slot)
         r.slot = None
         self._forget(r)

@@ -49,8 +49,10 @@ def build_app(make_context: Callable[[], ServingContext], startup_timeout: float
         app.state.ctx = ctx
         info = await ctx.client.start(startup_timeout)
         logger.info(
-            "ready: serving %s (%s); %d KV pages of %d tokens, %d request/state slots, max_seq_len %d",
+            "ready: serving %s (%s); %d KV pages of %d tokens, %d request/state slots, max_seq_len %d; engine ready "
+            "in %.1f s, warm-up %.1f s with %d Triton compiles/autotunes",
             ctx.model_name, info.device, info.total_pages, info.page_size, info.max_running_requests, info.max_seq_len,
+            info.startup_seconds, info.warmup_seconds, info.warmup_compiles,
         )
         try:
             yield

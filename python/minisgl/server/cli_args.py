@@ -14,12 +14,26 @@ T = TypeVar("T")
 _HELP = {
     "model_path": "checkpoint directory (HF layout); default: the embedded tiny model",
     "context_length": "max tokens per request (prompt + output)",
-    "num_pages": "KV pages to allocate (default: every slot can reach the context length)",
-    "chunked_prefill_size": "max prompt tokens of one request per step",
+    "num_pages": "KV pages to allocate (default: the CPU, every slot can reach the context length; a GPU, "
+                 "the memory planner's; setting it pins the pool)",
+    "max_running_requests": "most requests running at once (default: 16 on the CPU; on a GPU, what fits)",
+    "chunked_prefill_size": "max prompt tokens of one request per step, and of all requests per step while "
+                            "others decode (bounds the inter-token latency)",
     "max_prefill_tokens": "max prompt tokens of all requests per step",
+    "mem_fraction_static": "GPU: share of the memory left after the weights and the measured activation peak "
+                           "that the pool (state slots, KV pages) takes (default 0.95)",
+    "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph (default: --max-running-requests)",
     "served_model_name": "the model name clients send (default: the model path)",
     "watchdog_timeout": "seconds one step may take before the engine counts as hung and is stopped",
+    "reasoning_parser": "qwen3: the <think> block of chat answers goes to reasoning_content",
+    "tool_call_parser": "qwen3_coder: enables tools in chat; Qwen3.5 XML tool calls go to tool_calls",
+    "generation_config": "sampling defaults for requests that leave fields unset: auto (the model's "
+                         "generation_config.json), ignore (or vllm: none), or a folder holding one",
 }
+
+
+# Other engines' names for the same flag, so their command lines work unchanged.
+_ALIASES = {"mem_fraction_static": ("--gpu-memory-utilization",)}
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "") -> None:
@@ -28,12 +42,14 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str =
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-        flag = "--" + (prefix + f.name).replace("_", "-")
+        flags = ("--" + (prefix + f.name).replace("_", "-"), *_ALIASES.get(prefix + f.name, ()))
         help_text = _HELP.get(f.name, f"default: {f.default}")
+        dest = prefix + f.name
         if base is bool:  # --flag / --no-flag: type=bool would read "false" as True
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text)
+            parser.add_argument(*flags, dest=dest, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
         else:
-            parser.add_argument(flag, type=base, default=f.default, help=help_text)
+            parser.add_argument(*flags, dest=dest, type=base, default=f.default, help=help_text)
 
 
 def dataclass_from(ns: argparse.Namespace, cls: type[T], prefix: str = "") -> T:

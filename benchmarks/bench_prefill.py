@@ -1,0 +1,358 @@
+"""Prefill at Qwen3.5-122B-A10B FP8 shapes against the FP8 matrix ceiling measured in the same run.
+
+    python benchmarks/bench_prefill.py [--tokens 512,4096,16384] [--moe-tokens 4096,16384]
+        [--layers 48] [--steps 16x1024,2x8192] [--skip-model] [--skip-kernels]
+
+Prints, in one run:
+- the ceilings: torch._scaled_mm at 8192^3 with rowwise scales (the FP8 matrix ceiling every
+  TFLOP/s below is a ratio of), BF16 cuBLAS at 8192^3 for context, and a device copy (for the
+  activation quantiser, which is bound by bytes);
+- the activation quantiser at M x 3072 against the copy;
+- every FP8 projection shape (kernels/fp8_linear.py's backends: split-K, each candidate tile of the
+  tiled kernel with and without TMA, cuBLAS block scaling), GEMM alone on quantised activations, and
+  which backend wins at each token count: the rows REGIMES should hold;
+- the fused MoE stages at prefill sizes (align, gate/up + SwiGLU, down, combine), each candidate
+  tile, against the ceiling;
+- whole prefill steps of the engine (`--load-format dummy`, the real config with --layers layers,
+  Triton/fla backends): tokens/s and the ratio to the FLOP roofline (GEMM FLOPs of every
+  projection, expert and router, plus causal attention; the GDN recurrence is not counted), and a
+  torch.profiler table of the top kernels of one step;
+- decode steps of the same engine in CUDA graphs at 1K context (--decode-batches), timed and
+  rooflined by bench_decode.py's functions: the check that decode did not regress.
+Writes bench_prefill.json under $OUT when set, as it goes. Candidates that fail are reported and
+skipped. The summary table comes last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import astuple
+
+import torch
+
+from bench_moe import fp8_experts
+from gpu_timing import copy_tbps, median_us, table
+from minisgl.kernels.fp8_gemm import gemm_split_k
+from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
+from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
+from minisgl.kernels.fp8_linear import REGIMES, fp8_linear, regime
+from minisgl.kernels.fp8_quant import quantize_activations
+from minisgl.kernels.moe_align import align_experts
+from minisgl.kernels.moe_gemm import DOWN_TILES, GATE_UP_TILES, moe_combine, moe_down, moe_gate_up
+from minisgl.layers.fp8 import FP8_DTYPE, cdiv, quantize_block_fp8
+
+DEV = "cuda"
+MODEL = "Qwen3.5-122B-A10B"
+H, I, E, TOP_K = 3072, 1024, 256, 8  # bench_moe.fp8_experts' shapes
+# (name, N, K) of the 122B FP8 projections a prefill step runs.
+LINEARS = [
+    ("gdn in_proj_qkv", 12288, 3072), ("gdn in_proj_z", 8192, 3072), ("attn q_proj", 16384, 3072),
+    ("attn k/v_proj", 512, 3072), ("out_proj / o_proj", 3072, 8192), ("shared gate/up", 1024, 3072),
+    ("shared down", 3072, 1024),
+]
+TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
+    TileConfig(64, 128, 4, 4), TileConfig(128, 128, 8, 3), TileConfig(64, 128, 4, 4, tma=True),
+    TileConfig(128, 128, 8, 4, tma=True), TileConfig(128, 128, 4, 4, tma=True), TileConfig(128, 256, 8, 3, tma=True),
+]
+MOE_TILES = {  # stage -> candidate (block_n, num_warps, num_stages) at 128 rows per block
+    "gate_up": [(64, 8, 3), (64, 8, 4), (128, 8, 3)],
+    "down": [(128, 8, 3), (128, 8, 4), (64, 4, 4)],
+}
+
+
+def tflops(flops: float, us: float) -> float:
+    return flops / us / 1e6
+
+
+def attempt(what: str, fn: Callable[[], float]) -> float | str:
+    """fn()'s time, or why it failed (a candidate that does not compile or run is reported, not fatal)."""
+    try:
+        return fn()
+    except Exception as err:  # noqa: BLE001
+        print(f"  {what}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
+        return f"fails: {type(err).__name__}"
+
+
+def ceilings() -> dict[str, float]:
+    n = 8192
+    a = torch.randn(n, n, device=DEV).to(FP8_DTYPE)
+    b = torch.randn(n, n, device=DEV).to(FP8_DTYPE).t()  # column-major, as cuBLAS wants
+    sa, sb = torch.rand(n, 1, device=DEV).add(0.5), torch.rand(1, n, device=DEV).add(0.5)
+    fp8_us = median_us(lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16))
+    a16, b16 = torch.randn(n, n, device=DEV, dtype=torch.bfloat16), torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
+    bf16_us = median_us(lambda: a16 @ b16)
+    return {"fp8 rowwise _scaled_mm 8192^3 TFLOP/s": tflops(2 * n**3, fp8_us),
+            "bf16 cuBLAS 8192^3 TFLOP/s": tflops(2 * n**3, bf16_us), "copy TB/s": copy_tbps()}
+
+
+def quantiser_rows(tokens: list[int], copy: float) -> list[dict[str, object]]:
+    rows = []
+    for m in tokens:
+        x = torch.randn(m, H, device=DEV, dtype=torch.bfloat16)
+        us = median_us(lambda: quantize_activations(x))
+        nbytes = m * H * (2 + 1) + m * cdiv(H, 128) * 4
+        rows.append({"M": m, "K": H, "quantise us": us, "TB/s": nbytes / us / 1e6, "vs copy": nbytes / us / 1e6 / copy})
+    return rows
+
+
+def linear_candidates(xq, xs, w, s) -> dict[str, Callable[[], object]]:  # noqa: ANN001
+    out = {"split_k": lambda: gemm_split_k(xq, xs, w, s, torch.bfloat16)}
+    for tile in TILE_CANDIDATES:
+        out[tile_name(tile)] = lambda tile=tile: gemm_tiled(xq, xs, w, s, torch.bfloat16, tile)
+    if cublas_fits(w, s) and cublas_block_scaling(torch.device(DEV)) is None:
+        out["cublas"] = lambda: gemm_cublas(xq, xs, w, s, torch.bfloat16)
+    return out
+
+
+def tile_name(tile: TileConfig) -> str:
+    return f"tiled {tile.block_m}x{tile.block_n} w{tile.num_warps} s{tile.num_stages}{' tma' if tile.tma else ''}"
+
+
+def linear_rows(tokens: list[int], ceiling: float) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """Every candidate on every shape and token count (GEMM alone), then the winners per token count."""
+    rows, totals = [], {}
+    for name, n, k in LINEARS:
+        w, s = quantize_block_fp8(torch.randn(n, k, device=DEV) / k**0.5)
+        for m in tokens:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+            xq, xs = quantize_activations(x)
+            row: dict[str, object] = {"linear": name, "N": n, "K": k, "M": m, "regime": regime_name(m)}
+            best = None
+            for cand, fn in linear_candidates(xq, xs, w, s).items():
+                us = attempt(f"{name} M={m} {cand}", lambda fn=fn: median_us(fn))
+                if isinstance(us, float):
+                    totals.setdefault(m, {}).setdefault(cand, []).append(us)
+                    best = min(best or (us, cand), (us, cand))
+                row[f"{cand} TFLOP/s"] = tflops(2 * m * n * k, us) if isinstance(us, float) else us
+            regime_us = median_us(lambda: fp8_linear(x, w, s))
+            row["fp8_linear (regime, with quantiser) TFLOP/s"] = tflops(2 * m * n * k, regime_us)
+            row["fp8_linear vs ceiling"] = tflops(2 * m * n * k, regime_us) / ceiling
+            if best:
+                row["best"] = best[1]
+                row["best vs ceiling"] = tflops(2 * m * n * k, best[0]) / ceiling
+            rows.append(row)
+            print({k: v for k, v in row.items() if "TFLOP" not in k or "regime" in k})
+    winners = []
+    for m, per in sorted(totals.items()):
+        complete = {c: sum(v) for c, v in per.items() if len(v) == len(LINEARS)}  # ran on every shape
+        if complete:
+            best = min(complete, key=complete.get)
+            flops = sum(2 * m * n * k for _, n, k in LINEARS)
+            winners.append({"M": m, "fastest over all shapes": best, "its TFLOP/s": tflops(flops, complete[best]),
+                            "vs ceiling": tflops(flops, complete[best]) / ceiling, "regime now": regime_name(m),
+                            "regime TFLOP/s": tflops(flops, complete.get(regime_key(m), float("nan")))})
+    return rows, winners
+
+
+def regime_name(m: int) -> str:
+    r = regime(m)
+    return r.backend if r.backend == "split_k" or r.tile is None else f"{r.backend}: {tile_name(r.tile)}"
+
+
+def regime_key(m: int) -> str:
+    r = regime(m)
+    return "split_k" if r.backend == "split_k" else "cublas" if r.backend == "cublas" else tile_name(r.tile)
+
+
+def moe_rows(tokens: list[int], ceiling: float) -> list[dict[str, object]]:
+    w = fp8_experts()
+    rows = []
+    for t in tokens:
+        x = torch.randn(t, H, device=DEV, dtype=torch.bfloat16)
+        ids = torch.rand(t, E, device=DEV).topk(TOP_K, dim=-1).indices
+        weights = torch.rand(t, TOP_K, device=DEV).softmax(-1).to(torch.bfloat16)
+        g = align_experts(ids, E)
+        h = moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g)
+        y = moe_down(h, w["down"], w["down_scale"], weights, g)
+        pairs = t * TOP_K
+        flops = {"gate_up": 2 * pairs * H * 2 * I, "down": 2 * pairs * I * H}
+        base = {"T": t, "BLOCK_M": g.block_m, "blocks": g.max_blocks}
+        rows.append({**base, "stage": "align", "us": median_us(lambda: align_experts(ids, E))})
+        rows.append({**base, "stage": "quantise x", "us": median_us(lambda: quantize_activations(x))})
+        rows.append({**base, "stage": "quantise h", "us": median_us(lambda: quantize_activations(h))})
+        rows.append({**base, "stage": "combine", "us": median_us(lambda: moe_combine(y, ids, E, x.dtype))})
+        table_tile = {"gate_up": GATE_UP_TILES[g.block_m], "down": DOWN_TILES[g.block_m]}
+        for stage, cands in MOE_TILES.items():
+            for bn, warps, stages in cands:
+                cfg = dict(block_n=bn, num_warps=warps, num_stages=stages)
+                run = (lambda cfg=cfg: moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g, **cfg)) if stage == "gate_up" \
+                    else (lambda cfg=cfg: moe_down(h, w["down"], w["down_scale"], weights, g, **cfg))
+                us = attempt(f"MoE {stage} T={t} {cfg}", lambda run=run: median_us(run))
+                row = {**base, "stage": stage, "tile (block_n, warps, stages)": f"{bn}, {warps}, {stages}",
+                       "in table": (bn, warps, stages) == astuple(table_tile[stage]), "us": us}
+                if isinstance(us, float):
+                    row["TFLOP/s (incl. its quantiser)"] = tflops(flops[stage], us)
+                    row["vs ceiling"] = tflops(flops[stage], us) / ceiling
+                rows.append(row)
+        print(table([r for r in rows if r["T"] == t], f"MoE T={t}"))
+    return rows
+
+
+def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
+    """GEMM FLOPs of one prefill of requests of `lens` tokens: every projection, router and shared
+    expert per token, top-k routed experts per token, the lm_head per request, causal attention."""
+    from minisgl.layers.fp8_linear import Fp8Linear
+    from minisgl.layers.linear import Linear
+    from minisgl.models.attention_mixer import Attention
+    from minisgl.moe.local_moe import LocalMoE
+
+    tokens = sum(lens)
+    per_token = 0
+    flops = 0.0
+    for name, mod in engine.model.named_modules():
+        if isinstance(mod, (Linear, Fp8Linear)):
+            out_f, in_f = mod.weight.shape
+            if name.endswith("lm_head"):
+                flops += 2 * in_f * out_f * len(lens)
+            else:
+                per_token += 2 * in_f * out_f
+        elif isinstance(mod, LocalMoE):
+            _, two_i, hidden = mod.experts.gate_up_proj.shape
+            per_token += mod.top_k * 2 * (two_i * hidden + hidden * two_i // 2)
+        elif isinstance(mod, Attention):
+            flops += sum(2 * mod.num_heads * mod.head_dim * n * (n + 1) for n in lens)  # QK^T and PV, causal
+    if engine.model.lm_head is None:  # tied embedding as the head
+        flops += 2 * engine.config.hidden_size * engine.config.vocab_size * len(lens)
+    return flops + per_token * tokens
+
+
+def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
+               copy: float) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+    """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
+    and rooflined as bench_decode.py does, to show the small-M paths did not regress."""
+    from bench_decode import decode_batch, step_bytes, time_steps, touched_experts
+    from minisgl.engine.args import EngineArgs
+    from minisgl.engine.engine import Engine
+    from minisgl.models.known_configs import config_dir
+
+    path = config_dir(MODEL, fp8=True, root=tempfile.mkdtemp())
+    if layers != 48:
+        cfg_file = os.path.join(path, "config.json")
+        raw = json.load(open(cfg_file))
+        raw["text_config"]["num_hidden_layers"] = layers
+        raw["text_config"].pop("layer_types", None)
+        json.dump(raw, open(cfg_file, "w"))
+    slots_needed = max([b for b, _ in steps] + decode_batches)
+    longest = max(n for _, n in steps)
+    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches])
+    # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
+    engine = Engine(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
+                               max_running_requests=slots_needed, num_pages=pages,
+                               cuda_graph_max_bs=max(decode_batches or [1]), disable_cuda_graph=not decode_batches),
+                    warm_up=False)
+    print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
+    rows, prof = [], ""
+    for b, n in steps:
+        slots = [engine.pool.allocate(n) for _ in range(b)]
+        for s in slots:
+            engine.pool.ensure_tokens(s, n)
+        seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
+        batch = engine.make_batch(seqs, [0] * b, slots)
+        ms = time_steps(engine, batch, steps=3)  # after 3 untimed (compiles, fla's autotuning)
+        flops = model_flops(engine, [n] * b)
+        roof_ms = flops / (ceiling * 1e9)
+        rows.append({"layers": layers, "step": f"{b} x {n}", "tokens": b * n, "step ms": ms,
+                     "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
+                     "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
+        print(rows[-1])
+        if (b, n) == steps[0]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                engine.forward_batch(batch)
+                torch.cuda.synchronize()
+            prof = f"one {b} x {n} step\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        for s in slots:
+            engine.pool.free(s)
+    decode = []
+    for b in decode_batches:
+        context = 1024
+        batch, slots = decode_batch(engine, b, context)
+        for s in slots:
+            engine.pool.state.ssm[:, s].normal_(std=0.1)  # a live recurrent state, as bench_decode.py's
+        touched = touched_experts(engine, batch)
+        ms = time_steps(engine, batch)
+        nbytes = sum(step_bytes(engine, touched, b, context).values())
+        decode.append({"layers": layers, "context": context, "B": b, "step ms": ms, "tokens/s": b / ms * 1e3,
+                       "roofline ms": nbytes / (copy * 1e9), "vs roofline": nbytes / (copy * 1e9) / ms})
+        print(decode[-1])
+        for s in slots:
+            engine.pool.free(s)
+    return rows, decode, prof
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="512,4096,16384")
+    ap.add_argument("--moe-tokens", default="4096,16384")
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--steps", default="16x1024,2x8192")
+    ap.add_argument("--decode-batches", default="32,64", help="decode check at 1K context; '' for none")
+    ap.add_argument("--skip-kernels", action="store_true")
+    ap.add_argument("--skip-model", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    out: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "regimes": [str(r) for r in REGIMES],
+                              "cublas block scaling": cublas_block_scaling(torch.device(DEV)) or "supported"}
+
+    def save() -> None:
+        if os.environ.get("OUT"):
+            with open(os.path.join(os.environ["OUT"], "bench_prefill.json"), "w") as f:
+                json.dump(out, f, indent=1, default=str)
+
+    out["ceilings"] = ceil = ceilings()
+    ceiling = ceil["fp8 rowwise _scaled_mm 8192^3 TFLOP/s"]
+    print(f"{out['device']}, torch {out['torch']}; {ceil}; cuBLAS block scaling: {out['cublas block scaling']}")
+    save()
+    summary: list[dict[str, object]] = []
+    if not args.skip_kernels:
+        out["quantiser"] = quantiser_rows([4096, 16384], ceil["copy TB/s"])
+        print(table(out["quantiser"], "Activation quantiser"))
+        save()
+        out["linear"], out["linear winners"] = linear_rows([int(t) for t in args.tokens.split(",")], ceiling)
+        print(table(out["linear"], f"FP8 projections, GEMM alone (ceiling {ceiling:.0f} TFLOP/s)"))
+        save()
+        try:
+            out["moe"] = moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling)
+        except Exception:  # noqa: BLE001 - keep the model step's figures even if the MoE bench breaks
+            traceback.print_exc()
+        save()
+    if not args.skip_model:
+        steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
+        decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
+        out["model"], out["decode"], out["profile"] = model_rows(args.layers, steps, decode_batches, ceiling,
+                                                                 ceil["copy TB/s"])
+        print(out["profile"])
+        save()
+    print(table([out["ceilings"]], "Ceilings (this run)"))
+    for r in out.get("quantiser", []):
+        summary.append({"what": f"quantiser {r['M']}x{r['K']}", "figure": f"{r['quantise us']:.1f} us",
+                        "ratio": f"{r['vs copy']:.2f} of copy"})
+    for r in out.get("linear winners", []):
+        summary.append({"what": f"projections M={r['M']}: fastest {r['fastest over all shapes']} "
+                                f"(regime now: {r['regime now']})",
+                        "figure": f"{r['its TFLOP/s']:.0f} TFLOP/s (regime {r['regime TFLOP/s']:.0f})",
+                        "ratio": f"{r['vs ceiling']:.2f} of ceiling"})
+    for r in out.get("moe", []):
+        if r.get("in table") or r["stage"] == "align":
+            fig = f"{r['us']:.1f} us" if isinstance(r["us"], float) else r["us"]
+            if "TFLOP/s (incl. its quantiser)" in r:
+                fig += f", {r['TFLOP/s (incl. its quantiser)']:.0f} TFLOP/s"
+            summary.append({"what": f"MoE T={r['T']} {r['stage']}", "figure": fig,
+                            "ratio": f"{r['vs ceiling']:.2f} of ceiling" if "vs ceiling" in r else "-"})
+    for r in out.get("model", []):
+        summary.append({"what": f"prefill step {r['step']} ({r['layers']} layers)",
+                        "figure": f"{r['tokens/s']:.0f} tok/s ({r['step ms']:.1f} ms)",
+                        "ratio": f"{r['vs roofline']:.2f} of FLOP roofline"})
+    for r in out.get("decode", []):
+        summary.append({"what": f"decode B={r['B']} at {r['context']} ({r['layers']} layers, graphs)",
+                        "figure": f"{r['step ms']:.2f} ms, {r['tokens/s']:.0f} tok/s",
+                        "ratio": f"{r['vs roofline']:.2f} of byte roofline"})
+    print(table(summary, f"Summary (FP8 ceiling {ceiling:.0f} TFLOP/s, copy {ceil['copy TB/s']:.2f} TB/s)"))
+
+
+if __name__ == "__main__":
+    main()

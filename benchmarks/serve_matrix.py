@@ -1,0 +1,177 @@
+"""End-to-end serving benchmark with no checkpoint: starts the real server on a config-only model
+directory (a known config, a tokenizer with the model's full vocabulary, `--load-format dummy`),
+runs the bench client over a matrix of shapes, records the server's compile count around every
+row, writes JSON and stops the server. Made to fit one device call.
+
+    python benchmarks/serve_matrix.py --matrix h200-122b --out $OUT          # issue matrix, 122B FP8
+    python benchmarks/serve_matrix.py --matrix vllm-35b --out $OUT           # vLLM's published profiles
+    python benchmarks/serve_matrix.py --matrix smoke --out /tmp/m            # tiny model, CPU: the script itself
+Extra server flags go after `--`, e.g. `-- --chunked-prefill-size 1024`.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import httpx
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from full_vocab_tokenizer import write_full_vocab_tokenizer  # noqa: E402
+
+from minisgl.bench import serve  # noqa: E402
+from minisgl.bench.dataset import random_requests  # noqa: E402
+from minisgl.bench.report import summarize  # noqa: E402
+from minisgl.models.known_configs import config_dir, hf_config  # noqa: E402
+from minisgl.tokenizer.tokenizer import load_tokenizer  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    input_len: int
+    output_len: int
+    num_prompts: int
+    concurrency: int | None  # None: all at once
+
+
+@dataclass(frozen=True)
+class Matrix:
+    model: str | None  # a known config, or None for the embedded tiny model
+    fp8: bool
+    server_args: tuple[str, ...]
+    rows: tuple[Row, ...]
+
+
+MATRICES = {
+    # Issue matrix on one H200: the README's one-GPU command (no --max-running-requests).
+    "h200-122b": Matrix("Qwen3.5-122B-A10B", True, ("--context-length", "32768"), (
+        Row("first request after ready", 1024, 128, 1, 1),
+        Row("1K/128 c=1", 1024, 128, 8, 1),
+        Row("1K/256 c=64", 1024, 256, 128, 64),
+        Row("8K/256 c=32", 8192, 256, 64, 32),
+        Row("8K/256 c=64", 8192, 256, 128, 64),
+    )),
+    # The three random-prompt profiles vLLM 0.17.1 was published with for Qwen3.5-35B-A3B on one H200.
+    "vllm-35b": Matrix("Qwen3.5-35B-A3B", True, ("--context-length", "33024"), (
+        Row("first request after ready", 1024, 128, 1, 1),
+        Row("Throughput 1024/128 x1000", 1024, 128, 1000, 512),
+        Row("Generation Heavy 1000/2000 x200", 1000, 2000, 200, 200),
+        Row("Long Context 32000/100 x100", 32000, 100, 100, 100),
+    )),
+    "smoke": Matrix(None, False, ("--device", "cpu", "--context-length", "256"), (
+        Row("first request after ready", 16, 8, 1, 1),
+        Row("16/8 c=4", 16, 8, 8, 4),
+    )),
+}
+
+
+def model_dir(matrix: Matrix, root: str) -> list[str]:
+    """--model-path (and --load-format) for the matrix; known configs get the full-vocabulary tokenizer."""
+    if matrix.model is None:
+        return []
+    path = config_dir(matrix.model, matrix.fp8, root)
+    text = hf_config(matrix.model, matrix.fp8)["text_config"]
+    if not os.path.exists(os.path.join(path, "tokenizer.json")):
+        write_full_vocab_tokenizer(path, text["vocab_size"], text["bos_token_id"])
+    return ["--model-path", path, "--load-format", "dummy"]
+
+
+def _server_info(base: str) -> dict:
+    """/server_info once the engine has reported its first stats (they follow readiness closely)."""
+    for _ in range(60):
+        info = httpx.get(base + "/server_info", timeout=30).raise_for_status().json()
+        if info["stats"] is not None:
+            return info
+        time.sleep(0.5)
+    raise TimeoutError("the server reported no engine stats within 30 s")
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(base + "/health", timeout=5).status_code == 200:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the server was not ready within {timeout:.0f} s")
+
+
+def run_row(base: str, model: str, tokenizer, row: Row, seed: int) -> dict:
+    before = _server_info(base)["stats"]["compiles"]
+    reqs = random_requests(tokenizer, row.num_prompts, row.input_len, row.output_len, 1.0, seed)
+    cfg = serve.ServeConfig(base, model, float("inf"), row.concurrency, True, seed)
+    results, duration = asyncio.run(serve.run(cfg, reqs, progress=False))
+    figures = summarize(results, duration, float("inf"), row.concurrency)
+    errors = sorted({r.error for r in results if not r.ok})
+    after = _server_info(base)["stats"]["compiles"]
+    return {"row": asdict(row), **figures, "compiles_during": after - before, "errors": errors[:3],
+            "ttfts_ms": [round(r.ttft * 1e3, 1) for r in results if r.ok][:16]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--matrix", choices=sorted(MATRICES), required=True)
+    parser.add_argument("--out", required=True, help="folder for the JSON and the server log")
+    parser.add_argument("--model-root", default="/tmp/minisgl-models", help="where config-only model dirs go")
+    parser.add_argument("--port", type=int, default=31000)
+    parser.add_argument("--ready-timeout", type=float, default=900)
+    parser.add_argument("--only", help="comma-separated row names to run (default: all)")
+    parser.add_argument("server_args", nargs="*", help="extra server flags, after --")
+    ns = parser.parse_args()
+    matrix = MATRICES[ns.matrix]
+    os.makedirs(ns.out, exist_ok=True)
+    base = f"http://127.0.0.1:{ns.port}"
+    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(ns.port), *model_dir(matrix, ns.model_root),
+           *matrix.server_args, *ns.server_args]
+    log_path = os.path.join(ns.out, f"server_{ns.matrix}.log")
+    report: dict = {"matrix": ns.matrix, "command": " ".join(cmd[1:]), "rows": []}
+
+    def save() -> None:  # after every row: a run stopped by its time limit keeps what it measured
+        with open(os.path.join(ns.out, f"serve_matrix_{ns.matrix}.json"), "w") as f:
+            json.dump(report, f, indent=2)
+
+    # `timeout` sends SIGTERM: end through the finally below, which stops the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            report["ready_seconds"] = _wait_ready(base, proc, ns.ready_timeout)
+            info = _server_info(base)
+            report["server_info"] = info["info"]
+            save()
+            model, root = serve.served_model(base)
+            tokenizer = load_tokenizer(root)
+            for row in matrix.rows:
+                if ns.only and row.name not in ns.only.split(","):
+                    continue
+                result = run_row(base, model, tokenizer, row, seed=len(report["rows"]) + 1)
+                report["rows"].append(result)
+                save()
+                print(f"{row.name}: failed {result['failed']}, out {result['output_throughput']:.0f} tok/s, "
+                      f"total {result['total_throughput']:.0f} tok/s, TTFT med {result['median_ttft_ms']:.0f} ms, "
+                      f"ITL med {result['median_itl_ms']:.1f} P99 {result['p99_itl_ms']:.1f} ms, "
+                      f"compiles {result['compiles_during']}", flush=True)
+            report["compiles_after_ready"] = _server_info(base)["stats"]["compiles"] - info["stats"]["compiles"]
+        finally:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            save()
+    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1)[:3000])
+
+
+if __name__ == "__main__":
+    main()

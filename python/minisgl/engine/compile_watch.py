@@ -1,0 +1,96 @@
+"""Counts Triton JIT compilations (and autotuning runs) in this process, so the server can show
+that nothing compiles once it reports ready: a compile in the serving loop stalls every running
+request for the seconds it takes.
+
+Triton calls `knobs.runtime.jit_post_compile_hook` once per new kernel specialisation (a kernel
+loaded from the on-disk cache counts too: it still costs a load, and shows an unseen shape).
+Autotuners that meet a new key benchmark every config; those runs are counted by wrapping
+`Autotuner.run`'s cache miss.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_compiles: Counter[str] = Counter()
+_autotunes: Counter[str] = Counter()
+_installed = False
+_warming = 0  # nesting depth of warming_up()
+_armed = False  # set once a warm-up has finished: compiles outside warm-ups are stalls from then on
+
+
+_previous_hook: Any = None
+
+
+def _on_compile(**kwargs: Any) -> Any:
+    name = getattr(kwargs["fn"], "name", kwargs["repr"])
+    with _lock:
+        _compiles[name] += 1
+    if _armed and not _warming:
+        logger.warning("Triton compiled %s after warm-up: %s", name, kwargs["repr"])
+    return _previous_hook(**kwargs) if _previous_hook is not None else None
+
+
+def _wrap_autotuner() -> None:
+    from triton.runtime.autotuner import Autotuner
+
+    original = Autotuner.run
+
+    def run(self: Autotuner, *args: Any, **kwargs: Any) -> Any:
+        before = len(self.cache)
+        out = original(self, *args, **kwargs)
+        if len(self.cache) > before:
+            name = self.base_fn.__name__
+            with _lock:
+                _autotunes[name] += 1
+            if _armed and not _warming:
+                logger.warning("Triton autotuned %s after warm-up", name)
+        return out
+
+    Autotuner.run = run
+
+
+def install() -> bool:
+    """Start counting (idempotent). False when Triton is not installed: nothing can compile then."""
+    global _installed, _previous_hook
+    if _installed:
+        return True
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    _previous_hook = knobs.runtime.jit_post_compile_hook  # chained: someone else's hook keeps working
+    knobs.runtime.jit_post_compile_hook = _on_compile
+    _wrap_autotuner()
+    _installed = True
+    return True
+
+
+@contextlib.contextmanager
+def warming_up() -> Iterator[None]:
+    """Compiles inside are expected; after the first warm-up ends, every compile outside one is a
+    stall worth a log line naming its kernel and signature."""
+    global _warming, _armed
+    _warming += 1
+    try:
+        yield
+    finally:
+        _warming -= 1
+        _armed = True
+
+
+def compile_count() -> int:
+    """Compilations plus autotuning runs so far in this process."""
+    with _lock:
+        return sum(_compiles.values()) + sum(_autotunes.values())
+
+
+def summary() -> dict[str, int]:
+    with _lock:
+        return {**{f"compile {k}": v for k, v in _compiles.items()}, **{f"autotune {k}": v for k, v in _autotunes.items()}}

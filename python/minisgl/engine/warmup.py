@@ -1,0 +1,110 @@
+"""Warm-up steps: before the server reports ready, run one step of every shape class the scheduler
+can produce, so Triton compiles and autotunes every kernel specialisation at start rather than
+under load, and so the memory planner can measure the largest step's activations.
+
+Every warm-up request sits on the dummy state slot 0 and the dummy page-table row (all pages the
+dummy page 0): the steps write only scratch space no request owns, on any pool.
+
+Triton specialises integer arguments on being 1 or divisible by 16, and our kernels pick tiles
+and autotune keys by power-of-two size buckets, so the prefill sizes come in a ladder: each power
+of two, and one token either side of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+
+from minisgl.forward_batch import ForwardBatch
+from minisgl.kvcache.allocator import DUMMY_SLOT
+from minisgl.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepShape:
+    extend: tuple[int, ...]  # tokens each request feeds
+    prefix: tuple[int, ...]  # tokens each request has cached before them
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.extend)
+
+
+def size_ladder(top: int) -> list[int]:
+    """Sizes 1..top: every power of two, one either side of it, and top itself."""
+    sizes = {top}
+    p = 1
+    while p <= top:
+        sizes.update(n for n in (p - 1, p, p + 1) if 1 <= n <= top)
+        p *= 2
+    return sorted(sizes)
+
+
+def _split(total: int, chunk: int) -> tuple[int, ...]:
+    """A step of `total` prompt tokens as the scheduler would build it: full chunks, then the rest."""
+    return (chunk,) * (total // chunk) + ((total % chunk,) if total % chunk else ())
+
+
+def _chunk(chunk: int, max_prefill_tokens: int, max_len: int) -> int:
+    return max(1, min(chunk, max_prefill_tokens, max_len - 1))
+
+
+def largest_prefill(max_prefill_tokens: int, chunk: int, max_len: int) -> StepShape:
+    """The step with the most prompt tokens the scheduler can build: the activation peak."""
+    parts = _split(max_prefill_tokens, _chunk(chunk, max_prefill_tokens, max_len))
+    return StepShape(parts, (0,) * len(parts))
+
+
+def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[StepShape]:
+    """Prefill-only steps, up to the largest: one prompt of each ladder size up to a chunk; several
+    chunks for the larger step sizes; a continued prompt (a later chunk); a mix of lengths. No
+    request is longer than max_len, the longest the page table holds."""
+    chunk = _chunk(chunk, max_prefill_tokens, max_len)
+    shapes = [StepShape((n,), (0,)) for n in size_ladder(chunk) if n > 1]
+    shapes += [largest_prefill(total, chunk, max_len) for total in size_ladder(max_prefill_tokens) if total > chunk]
+    later = min(chunk, max_len // 2)
+    shapes.append(StepShape((later,), (max_len - later - 1,)))
+    mixed = tuple(n for n in (chunk // 2 + 1, 17, 3) if n > 1)
+    shapes.append(StepShape(mixed, (0,) * len(mixed)))
+    return shapes
+
+
+def decode_shapes(sizes: Iterable[int], max_len: int) -> list[StepShape]:
+    """Decode steps (one token per request) of each batch size, at a short cached context."""
+    context = min(37, max_len - 1)
+    return [StepShape((1,) * b, (context,) * b) for b in sizes]
+
+
+def mixed_shapes(decode_rows: int, chunk: int, max_len: int) -> list[StepShape]:
+    """Decodes with a prefill chunk beside them, as every step looks while prompts arrive under load."""
+    chunk = max(1, min(chunk, max_len - 1))
+    context = min(37, max_len - 1)
+    return [StepShape((1,) * rows + (n,), (context,) * rows + (0,))
+            for rows in sorted({1, decode_rows}) for n in sorted({min(chunk, 100), chunk})]
+
+
+def warmup_params() -> list[SamplingParams]:
+    """The sampler's branches: greedy and filtered random sampling, each with the logit
+    adjustments (bias, min_tokens, penalties and their token history), so the measured step holds
+    every buffer sampling can take."""
+    return [
+        SamplingParams(temperature=0.0, max_tokens=2, min_tokens=1, repetition_penalty=1.1, logit_bias={0: 1.0}),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.5,
+                       max_tokens=1),
+    ]
+
+
+def run_shape(
+    shape: StepShape,
+    make_batch: Callable[[list[list[int]], list[int], list[int]], ForwardBatch],
+    forward: Callable[[ForwardBatch], torch.Tensor],
+    sample: Callable[[torch.Tensor, list[SamplingParams]], object],
+    vocab_size: int,
+) -> None:
+    gen = torch.Generator().manual_seed(shape.num_tokens)
+    tokens = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in shape.extend]
+    batch = make_batch(tokens, list(shape.prefix), [DUMMY_SLOT] * len(shape.extend))
+    logits = forward(batch)
+    kinds = warmup_params()
+    sample(logits, [kinds[i % len(kinds)] for i in range(logits.shape[0])])

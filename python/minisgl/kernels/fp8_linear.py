@@ -1,0 +1,77 @@
+"""The FP8 linear: activations quantised once per call, then the GEMM that is fastest at this many
+tokens, chosen from REGIMES by the token count's bucket (never by the exact count, so no step
+compiles a new kernel):
+
+- "split_k" (kernels/fp8_gemm.py): tokens as the MMA's narrow side, K split while the weight tiles
+  are too few to fill the SMs; decode.
+- "tiled" (kernels/fp8_gemm_tiled.py): [BLOCK_M x BLOCK_N] output tiles, TMA optional; prefill.
+- "cublas" (kernels/fp8_gemm_cublas.py): torch._scaled_mm's block-scaled recipe; where cuBLAS
+  cannot run it (old torch or cuBLAS, or a weight shape it refuses), the regime's tile instead.
+
+benchmarks/bench_prefill.py times every backend and tile per bucket and prints the winners, so a
+new winner is a one-row change of REGIMES.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.kernels.fp8_gemm import gemm_split_k
+from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
+from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
+from minisgl.kernels.fp8_quant import quantize_activations
+
+BACKENDS = ("split_k", "tiled", "cublas")
+
+
+@dataclass(frozen=True)
+class Regime:
+    min_m: int  # the regime's first token count; it runs up to the next regime's
+    backend: str
+    tile: TileConfig | None = None  # "tiled"'s tile, and "cublas"'s fallback
+
+
+# The split-K kernel stays below 512 tokens: it was measured there (decode); the tiles above are
+# Hopper-sized first guesses, to be replaced by bench_prefill.py's winners.
+REGIMES = (
+    Regime(1, "split_k"),
+    Regime(512, "tiled", TileConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
+    Regime(2048, "tiled", TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
+)
+
+
+def regime(m: int) -> Regime:
+    return next(r for r in reversed(REGIMES) if m >= r.min_m)
+
+
+def fp8_linear(
+    x: torch.Tensor,  # [..., K] bf16 (or fp32)
+    weight: torch.Tensor,  # [N, K] float8_e4m3fn
+    scale_inv: torch.Tensor,  # [ceil(N/128), ceil(K/128)] fp32
+    backend: str | None = None,
+    tile: TileConfig | None = None,
+    **split_k_options: int,
+) -> torch.Tensor:
+    """x @ dequant(weight)^T in x's dtype. `backend`, `tile` and the split-K kernel's options
+    (block_n, split_k, num_warps, num_stages) override the regime's choice (tests, benchmarks)."""
+    n, k = weight.shape
+    if x.shape[-1] != k or weight.stride(1) != 1 or scale_inv.stride(1) != 1:
+        raise ValueError(f"fp8_linear: x {tuple(x.shape)} vs weight {tuple(weight.shape)} (rows must be packed)")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"fp8_linear: backend {backend!r} is not one of {BACKENDS}")
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if m == 0:
+        return x.new_empty(*x.shape[:-1], n)
+    chosen = regime(m)
+    backend = backend or chosen.backend
+    tile = tile or chosen.tile or REGIMES[-1].tile
+    xq, xs = quantize_activations(x2)
+    if backend == "cublas" and cublas_fits(weight, scale_inv) and cublas_block_scaling(x.device) is None:
+        out = gemm_cublas(xq, xs, weight, scale_inv, x.dtype)
+    elif backend in ("tiled", "cublas"):
+        out = gemm_tiled(xq, xs, weight, scale_inv, x.dtype, tile)
+    else:
+        out = gemm_split_k(xq, xs, weight, scale_inv, x.dtype, **split_k_options)
+    return out.view(*x.shape[:-1], n)
