@@ -23,7 +23,8 @@ from minisgl.tools import tiny_tokenizer
 from minisgl.tools.make_tiny_model import default_model_path, tiny_tensors
 from minisgl.tools.tiny_checkpoint import INDEX, to_disk, write_shards
 from minisgl.tools.tiny_corpus import load_corpus
-from minisgl.tools.tiny_default import SHIPPED_DIR, read_manifest, sha256_file, trained_config
+from minisgl.tools.align_pool import sha256_file
+from minisgl.tools.tiny_default import SHIPPED_DIR, read_manifest, trained_config
 from minisgl.tools.train_tiny import ARCH, environment, heldout_loss, tokenize, unigram_loss
 
 PACKAGE_PYTHON = str(Path(__file__).resolve().parents[1] / "python")

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 
 from minisgl.tools import tiny_model_configs as cfgs
+from minisgl.tools.align_pool import sha256_file
 from minisgl.tools.tiny_checkpoint import INDEX, write_metadata
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_trained")
@@ -34,14 +35,6 @@ def variant_name(fp8: bool) -> str:
 def read_manifest() -> dict:
     with open(MANIFEST, encoding="utf-8") as f:
         return json.load(f)
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def shipped_files(fp8: bool) -> dict[str, str]:

@@ -32,8 +32,8 @@ from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 from minisgl.tools.make_tiny_model import tiny_tensors
 from minisgl.tools.tiny_checkpoint import to_disk, write_json, write_shards
 from minisgl.tools.tiny_corpus import DIGEST, Corpus, load_corpus
-from minisgl.tools.tiny_default import (MANIFEST, SHIPPED_DIR, sha256_file, tokenizer_digest, trained_config,
-                                        variant_name)
+from minisgl.tools.align_pool import sha256_file
+from minisgl.tools.tiny_default import MANIFEST, SHIPPED_DIR, tokenizer_digest, trained_config, variant_name
 from minisgl.tools.tiny_tokenizer import ENDOFTEXT, build_tiny_tokenizer, special_token_ids
 
 ARCH = "qwen3_5_moe"
