@@ -19,8 +19,8 @@ install: $(STAMP)
 # The embedded tiny model continues Python source; then the same model disaggregated (AFD 2+2) must
 # give the colocated engine's tokens.
 demo: $(STAMP)
-	$(VPY) -m minisgl generate --prompt "    def close(self):" --prompt "import os" --max-tokens 32 --ignore-eos
-	$(VPY) -m minisgl generate --prompt "    def __init__(self, name):" --prompt "    def __repr__(self):" \
+	$(VPY) -m minisgl generate --prompt "    def close(self):" --prompt "def escape(s):" --max-tokens 32 --ignore-eos
+	$(VPY) -m minisgl generate --prompt "    def __eq__(self, other):" --prompt "class Error(Exception):" \
 		--max-tokens 32 --ignore-eos --dtype float32 --afd --afd-attn-workers 2 --afd-expert-workers 2 \
 		--afd-num-mb 2 --check-colocated
 

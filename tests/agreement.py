@@ -36,10 +36,10 @@ STEPS = 64  # teacher-forced positions per prompt: 512 in all
 GREEDY_STEPS = 32
 MIN_TOP1 = 0.99
 # Bounds on the change of a top-1/top-2 logit gap (the trained model's logits have std ~5), about
-# twice the largest change measured on the CPU (max over these continuations: 0.22 for bf16
-# rounding everywhere, 1.06 for FP8 block-128 weights with bf16 compute and FP8 activations, 0.35
+# twice the largest change measured on the CPU (max over these continuations: 0.31 for bf16
+# rounding everywhere, 1.08 for FP8 block-128 weights with bf16 compute and FP8 activations, 0.38
 # for the FP8 AFD dispatch of the experts' input).
-GAP_BOUND = {"bfloat16": 0.5, "fp8": 2.2, "fp8_dispatch": 0.8}
+GAP_BOUND = {"bfloat16": 0.7, "fp8": 2.2, "fp8_dispatch": 0.8}
 
 
 def heldout_prompts(model_path: str) -> list[list[int]]:
