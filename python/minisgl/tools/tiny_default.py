@@ -78,8 +78,9 @@ def trained_model_path(fp8: bool = False) -> str:
     try:
         write_metadata(tmp, trained_config(), fp8, names)
         if tokenizer_digest(os.path.join(tmp, "tokenizer.json")) != read_manifest()["tokenizer_sha256"]:
-            raise RuntimeError("tiny_tokenizer.py now builds other token ids (vocabulary, merges or special tokens) "
-                               "than the default model was trained with; retrain it: python -m minisgl.tools.train_tiny")
+            raise RuntimeError("tiny_tokenizer.py now builds other token ids (vocabulary, merges or special "
+                               "tokens) than the default model was trained with; retrain it: "
+                               "python -m minisgl.tools.train_tiny")
         final = os.path.join(root, f"tiny-qwen3_5_moe-trained-{variant_name(fp8)}-{_digest(tmp, weights)}")
         if os.path.isdir(final):
             return final
@@ -108,8 +109,9 @@ def describe() -> str:
     t, report = trained_config()["text_config"], read_manifest()["training"]
     last, params = report["curve"][-1], report["parameters"]
     gdn = t["layer_types"].count("linear_attention")
-    return (f"the embedded tiny Qwen3.5-MoE ({params['total'] / 1e6:.2f}M parameters, {params['active_per_token'] / 1e6:.2f}M "
-            f"active; {gdn} GDN + {t['num_hidden_layers'] - gdn} gated-attention layers, {t['num_experts']} experts top-"
-            f"{t['num_experts_per_tok']} + a shared expert), trained on {report['tokens']['seen']:,} tokens of Python "
+    return (f"the embedded tiny Qwen3.5-MoE ({params['total'] / 1e6:.2f}M parameters, "
+            f"{params['active_per_token'] / 1e6:.2f}M active; {gdn} GDN + {t['num_hidden_layers'] - gdn} "
+            f"gated-attention layers, {t['num_experts']} experts top-{t['num_experts_per_tok']} + a shared "
+            f"expert), trained on {report['tokens']['seen']:,} tokens of Python "
             f"standard-library source: held-out loss {last['heldout_loss']:.2f} nats/token, a unigram model's "
             f"{report['unigram_heldout_loss']:.2f}")

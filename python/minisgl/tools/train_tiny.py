@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import tokenizers
@@ -175,7 +176,7 @@ def _parameters(model: Qwen3_5MoeForCausalLM, text_config: dict) -> dict[str, in
     return {"total": total, "active_per_token": total - t["num_hidden_layers"] * idle_experts}
 
 
-def train(args: TrainArgs, corpus: Corpus, tok: Tokenizer, log=print) -> TrainResult:  # noqa: ANN001
+def train(args: TrainArgs, corpus: Corpus, tok: Tokenizer, log: Callable[[str], None] = print) -> TrainResult:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(args.seed)
@@ -229,7 +230,8 @@ def write_shipped(out_dir: str, result: TrainResult, tokenizer_sha256: str) -> d
     sums: dict[str, str] = {}
     for fp8 in (False, True):
         variant = variant_name(fp8)
-        write_shards(os.path.join(out_dir, variant), to_disk(tiny_tensors(ARCH, config, 0, fp8, result.weights).items(), fp8))
+        tensors = to_disk(tiny_tensors(ARCH, config, 0, fp8, result.weights).items(), fp8)
+        write_shards(os.path.join(out_dir, variant), tensors)
         for name in sorted(os.listdir(os.path.join(out_dir, variant))):
             sums[f"{variant}/{name}"] = sha256_file(os.path.join(out_dir, variant, name))
     write_json(os.path.join(out_dir, os.path.basename(MANIFEST)),
@@ -241,7 +243,8 @@ def write_shipped(out_dir: str, result: TrainResult, tokenizer_sha256: str) -> d
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m minisgl.tools.train_tiny", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=SHIPPED_DIR, help="where the weights and the manifest go (default: the package data)")
+    p.add_argument("--out", default=SHIPPED_DIR,
+                   help="where the weights and the manifest go (default: the package data)")
     for name, default in asdict(TrainArgs()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
     ns = p.parse_args(argv)
@@ -259,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     result = train(args, corpus, tok)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     write_shipped(ns.out, result, tok_digest)
-    last = result.report["curve"][-1]
-    params = result.report["parameters"]
-    print(f"trained in {elapsed:.0f} s ({cpu:.0f} s of CPU, one thread, {environment()['cpu_capability']}): held-out loss "
-          f"{last['heldout_loss']:.3f} vs unigram {result.report['unigram_heldout_loss']:.3f} nats/token; "
+    report = result.report
+    last, params, unigram = report["curve"][-1], report["parameters"], report["unigram_heldout_loss"]
+    print(f"trained in {elapsed:.0f} s ({cpu:.0f} s of CPU, one thread, {environment()['cpu_capability']}): "
+          f"held-out loss {last['heldout_loss']:.3f} vs unigram {unigram:.3f} nats/token; "
           f"{params['total']:,} parameters ({params['active_per_token']:,} active per token); wrote {ns.out}")
     return 0
 
