@@ -24,7 +24,8 @@ def test_fp8_dispatch_follows_colocated(tiny_checkpoints: dict[str, str]) -> Non
     want = [t for tokens in ref.tokens for t in tokens[SEAM:]]
     agreement = sum(p == w for p, w in zip(picks, want)) / len(want)
     check = greedy_check(ref, got, GAP_BOUND["fp8_dispatch"])
-    print(f"AFD {afd.attn_workers}+{afd.expert_workers} FP8 dispatch: teacher-forced top-1 {agreement:.4f} over {len(want)} positions; greedy: "
-          f"{check.compared} steps compared, {check.parted} prompts parted at gaps <= {GAP_BOUND['fp8_dispatch']}")
+    print(f"AFD {afd.attn_workers}+{afd.expert_workers} FP8 dispatch: teacher-forced top-1 {agreement:.4f} over "
+          f"{len(want)} positions; greedy: {check.compared} steps compared, {check.parted} prompts parted at gaps "
+          f"<= {GAP_BOUND['fp8_dispatch']}")
     assert len(want) == 512 and agreement >= MIN_TOP1
     assert not check.failures, check.failures
