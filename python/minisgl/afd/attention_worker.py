@@ -1,6 +1,10 @@
 """An attention worker: one data-parallel lane. It owns its requests' KV pages and state slots,
 embeddings, attention/GDN, norms, router, shared expert, lm_head and sampling; the routed experts
-are reached through RemoteMoE. The model is the same definition a colocated engine runs."""
+are reached through RemoteMoE. The model is the same definition a colocated engine runs.
+
+A lane may span --afd-attn-tp-size ranks, sharded as a colocated TP engine is. Every rank gets the
+lane's plan and applies it to its own pool; TP rank 0 samples, replies with the tokens and talks
+to the expert workers; the other ranks get each micro-batch's input ids from it by broadcast."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -19,6 +23,8 @@ from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
 from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
+from minisgl.parallel.collectives import broadcast_from_leader
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
 @dataclass
@@ -31,8 +37,9 @@ class Launched:
 
 
 class AttentionWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, lane: ParallelConfig = SINGLE) -> None:
         self.name = spec.name
+        self.lane = lane
         # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
         # capture in lock-step, which is not built yet.
         args = replace(with_model_path(spec.engine_args), device=spec.device, disable_cuda_graph=True)
@@ -42,16 +49,18 @@ class AttentionWorker:
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
             config.top_k, model_dtype(args, config), spec.afd_args.dispatch_dtype == "fp8", device,
+            lane_tp=lane.tp_size,
         )
         self.step_state = StepState()
+        dispatcher = self.transport if lane.is_leader else None  # one exchange per lane
 
         def remote(layer_id: int) -> RemoteMoE:
             return RemoteMoE(
                 config.hidden_size, config.num_experts, config.top_k, config.shared_expert_intermediate_size,
-                config.norm_topk_prob, self.transport, self.step_state,
+                config.norm_topk_prob, dispatcher, self.step_state, lane,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False)
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
@@ -82,9 +91,10 @@ class AttentionWorker:
         tokens = [list(r.tokens) if r.tokens is not None else [0] for r in reqs]
         batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs], [r.slot for r in reqs])
         decodes = [i for i, r in enumerate(reqs) if r.tokens is None]
-        if decodes:
+        if decodes and self.lane.is_leader:
             slots = to_device([reqs[i].slot for i in decodes], torch.int64, self.last_token.device)
             batch.input_ids[batch.logit_idx[decodes]] = self.last_token[slots]
+        broadcast_from_leader(batch.input_ids, self.lane)  # the decode tokens exist on rank 0 only
         return batch
 
     # -- the forward ----------------------------------------------------------------------------
@@ -144,7 +154,7 @@ class AttentionWorker:
         rows, rids, slots = [], [], []
         for mb, reqs in enumerate(plan.micro_batches):
             for i, r in enumerate(reqs):
-                if r.sample:
+                if r.sample and self.lane.is_leader:  # the lane's TP rank 0 samples and replies
                     rows.append(logits[mb][i])
                     rids.append(r.rid)
                     slots.append(r.slot)

@@ -146,7 +146,8 @@ class Scheduler:
         self._integrity_checks += 1
 
     def close(self) -> None:
-        """Nothing to release: the engine lives and dies with this process."""
+        """Stop the engine's TP followers, if it has any (the engine itself lives and dies with this process)."""
+        self.engine.close()
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
