@@ -230,7 +230,7 @@ def test_default_model_path_is_cached_and_race_safe(tmp_path: Path, monkeypatch:
         t.join()
     assert len(set(results)) == 1 and len(results) == 3
     path = results[0]
-    assert os.path.dirname(path) == str(tmp_path) and "qwen3_5_moe" in path and "seed0" in path
+    assert os.path.dirname(path) == str(tmp_path) and "qwen3_5_moe-trained-bf16" in path
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]  # no temp dirs left behind
     mtime = os.path.getmtime(os.path.join(path, "config.json"))
     assert default_model_path() == path

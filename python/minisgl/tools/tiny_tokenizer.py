@@ -1,7 +1,7 @@
-"""A tiny byte-level BPE tokenizer with Qwen-style chat specials, for random-weight test models.
+"""A tiny byte-level BPE tokenizer with Qwen-style chat specials, for the tiny models.
 
 Byte-level BPE covers every UTF-8 string, so any prompt (including non-ASCII) round-trips even
-though the merges are learnt from one short English paragraph.
+though the merges are learnt from one short English paragraph and one short Python snippet.
 """
 from __future__ import annotations
 
@@ -30,6 +30,39 @@ What is the capital of France? The capital of France is Paris. What is two plus 
 The model reads a question, thinks about the answer, and then writes it down in plain words.
 Hello! How are you today? I am fine, thank you, and I hope that you are well too.
 """
+# Some Python too, the trained default model's corpus: merges for indentation and common words make
+# its text several times shorter in tokens than byte by byte.
+_CODE_TEXT = '''\
+class Buffer:
+    """Hold the lines that were read so far and return them in order."""
+
+    def __init__(self, name, size=None):
+        self.name = name
+        self.size = size
+        self.lines = []
+
+    def add(self, line):
+        if line is None:
+            raise ValueError("line must not be None")
+        self.lines.append(line)
+        return len(self.lines)
+
+    def get(self, index, default=None):
+        """Return the line at index, or default if there is none."""
+        try:
+            return self.lines[index]
+        except IndexError:
+            return default
+
+
+def read_all(path, encoding="utf-8"):
+    # Read the whole file and split it into lines.
+    with open(path, encoding=encoding) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            yield line.rstrip("\\n")
+'''
 
 # The split pattern of the official Qwen3.5 tokenizer.json (single digits, letters with their marks).
 # transformers' AutoTokenizer ignores tokenizer_class for qwen3_5_moe checkpoints and rebuilds this
@@ -60,7 +93,7 @@ def _train() -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # Repeating lines gives frequent pairs clear counts, keeping the learnt merges stable.
-    tok.train_from_iterator(_TRAINING_TEXT.splitlines() * 4, trainer=trainer)
+    tok.train_from_iterator((_TRAINING_TEXT + _CODE_TEXT).splitlines() * 4, trainer=trainer)
     # Appended after the merges, so every id below them is what it was before these tokens existed.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TOKENS])
     return tok
