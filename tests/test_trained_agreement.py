@@ -17,11 +17,12 @@ from collections.abc import Callable
 import pytest
 
 from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, gap_change, greedy, greedy_check, heldout_prompts,
-                       prefill_logits, reference, scored, top1_agreement)
+                       heldout_prompts_from_corpus, prefill_logits, reference, scored, top1_agreement)
 from gpu.fp8_refs import emulate_fp8_activations, quantize_acts
 from minisgl import LLM
 from minisgl.engine.engine import Engine
 from minisgl.moe.local_moe import LocalMoE
+from minisgl.tools.tiny_default import trained_model_path
 
 CPU = dict(device="cpu", page_size=16, context_length=512, max_running_requests=8)
 
@@ -71,3 +72,8 @@ def test_rounding_alone_meets_the_bars(tiny_checkpoints: dict[str, str], bound_n
     assert agreement >= MIN_TOP1
     assert not check.failures, check.failures
     assert float(change.max()) <= bound / 2
+
+
+def test_pinned_prompts_are_the_corpus_cut() -> None:
+    path = trained_model_path()
+    assert heldout_prompts(path) == heldout_prompts_from_corpus(path)
