@@ -16,10 +16,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The embedded tiny model continues Python source; then the same model disaggregated (AFD 2+2) must
+# give the colocated engine's tokens.
 demo: $(STAMP)
-	$(VPY) -m minisgl generate --prompt "The quick brown fox" --max-tokens 32 --ignore-eos
-	$(VPY) -m minisgl generate --prompt "The quick brown fox" --prompt "Hello" --max-tokens 32 --ignore-eos \
-		--dtype float32 --afd --afd-attn-workers 2 --afd-expert-workers 2 --afd-num-mb 2 --check-colocated
+	$(VPY) -m minisgl generate --prompt "    def close(self):" --prompt "def escape(s):" --max-tokens 32 --ignore-eos
+	$(VPY) -m minisgl generate --prompt "    def __eq__(self, other):" --prompt "class Error(Exception):" \
+		--max-tokens 32 --ignore-eos --dtype float32 --afd --afd-attn-workers 2 --afd-expert-workers 2 \
+		--afd-num-mb 2 --check-colocated
 
 # OpenAI-compatible server on 127.0.0.1:30000 (the embedded tiny model unless ARGS names one).
 serve: $(STAMP)

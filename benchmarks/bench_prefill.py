@@ -103,7 +103,7 @@ def linear_candidates(xq, xs, w, s) -> dict[str, Callable[[], object]]:  # noqa:
     out = {"split_k": lambda: gemm_split_k(xq, xs, w, s, torch.bfloat16)}
     for tile in TILE_CANDIDATES:
         out[tile_name(tile)] = lambda tile=tile: gemm_tiled(xq, xs, w, s, torch.bfloat16, tile)
-    if cublas_fits(w, s) and cublas_block_scaling(torch.device(DEV)) is None:
+    if cublas_fits(w, s, xq.shape[0]) and cublas_block_scaling(torch.device(DEV)) is None:
         out["cublas"] = lambda: gemm_cublas(xq, xs, w, s, torch.bfloat16)
     return out
 

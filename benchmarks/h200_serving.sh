@@ -20,7 +20,7 @@ step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NA
   timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n 40
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
-step tests "${TESTS_S:-0}" python3 -m pytest -q -m gpu -p no:cacheprovider -x ${TESTS:-tests/gpu/test_warm_start.py}
+step tests "${TESTS_S:-0}" python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=40 -rfE ${TESTS:-tests/gpu/test_warm_start.py}
 [ "${MATRIX_S:-0}" -gt 0 ] && step "matrix_${MATRIX:-h200-122b}" "$MATRIX_S" \
   python3 benchmarks/serve_matrix.py --matrix "${MATRIX:-h200-122b}" --out "$OUT" ${ONLY:+--only "$ONLY"} "$@"
 exit 0

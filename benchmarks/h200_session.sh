@@ -3,16 +3,8 @@
 # time, with logs under $OUT as they go (a step that runs out of time still leaves what it printed).
 # Steps can be skipped by setting their time to 0, e.g. DECODE_S=0.
 set -u
-export PYTHONPATH="$PWD/python:$PWD/benchmarks:${PYTHONPATH:-}"
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-step() {  # step NAME SECONDS CMD...: run CMD under a time limit, log to $OUT/NAME.log
-  local name=$1 secs=$2
-  shift 2
-  [ "$secs" -gt 0 ] || return 0
-  timeout "$secs" "$@" 2>&1 | tee "$OUT/$name.log"
-}
+# shellcheck source=benchmarks/session_lib.sh
+source "$(dirname "$0")/session_lib.sh"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
 step tests "${TESTS_S:-0}" python3 -m pytest -q -m gpu -p no:cacheprovider ${TESTS:-tests/gpu}
 step moe "${MOE_S:-0}" python3 benchmarks/bench_moe.py ${MOE_ARGS:-}

@@ -33,10 +33,13 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from minisgl.tools.make_tiny_model import make_tiny_model
+    from minisgl.tools.tiny_default import trained_model_path
 
     root = tmp_path_factory.mktemp("ckpt")
     return {
         "bf16": make_tiny_model(str(root / "bf16"), arch="qwen3_5_moe", fp8=False, seed=1),
         "fp8": make_tiny_model(str(root / "fp8"), arch="qwen3_5_moe", fp8=True, seed=2),
         "qwen3_moe": make_tiny_model(str(root / "qwen3_moe"), arch="qwen3_moe", fp8=False, seed=3),
+        "trained": trained_model_path(fp8=False),  # the embedded default
+        "trained_fp8": trained_model_path(fp8=True),
     }

@@ -100,11 +100,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_server(log_dir: Path, *flags: str, api_key: str | None = None) -> Iterator[Server]:
+def running_server(
+    log_dir: Path, *flags: str, entry: tuple[str, ...] = ("-m", "minisgl"), env: dict[str, str] | None = None,
+    api_key: str | None = None,
+) -> Iterator[Server]:
+    """entry: what python runs (a test script wrapping `minisgl serve`); env: extra variables."""
     port = _free_port()
     log = log_dir / f"server-{port}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "minisgl", "serve", "--port", str(port), "--log-level", "warning", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    cmd = [sys.executable, *entry, "serve", "--port", str(port), "--log-level", "warning", *flags]
     if api_key is not None:
         cmd += ["--api-key", api_key]
     with open(log, "w") as out:

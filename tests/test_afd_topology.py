@@ -33,7 +33,7 @@ def test_expert_plan_rejects_uneven_split() -> None:
         ({"attn_workers": 0}, "--afd-attn-workers"),
         ({"expert_workers": 0}, "--afd-expert-workers"),
         ({"dispatch_dtype": "int4"}, "--afd-dispatch-dtype"),
-        ({"attn_tp_size": 2}, "not supported yet"),
+        ({"attn_tp_size": 0}, "--afd-attn-tp-size"),
     ],
 )
 def test_bad_afd_args(kwargs, match) -> None:

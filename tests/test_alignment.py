@@ -1,6 +1,7 @@
 """Alignment with HF transformers loaded from the same checkpoint (fp32 on the CPU).
 
-Covers Qwen3.5-MoE in BF16 and FP8 (HF on the independently dequantised weights) and Qwen3-MoE:
+Covers Qwen3.5-MoE in BF16 and FP8 (HF on the independently dequantised weights), the trained
+default model in both, and Qwen3-MoE:
 prefill and decode logits within 1e-4 relative error, 32 greedy tokens identical, batched equal to
 one at a time, chunked prefill equal to unchunked, and every page and slot back in the pool.
 """
@@ -12,7 +13,7 @@ import torch
 from hf_reference import load_hf_reference
 from minisgl import LLM, SamplingParams
 
-CKPTS = ["bf16", "fp8", "qwen3_moe"]
+CKPTS = ["bf16", "fp8", "qwen3_moe", "trained", "trained_fp8"]
 PROMPT_LENS = [1, 7, 23, 64, 97]  # across the GDN chunk (64) and several 16-token pages
 STEPS = 32
 REL_TOL = 1e-4

@@ -1,11 +1,11 @@
 """Incremental detokenization never emits half a character; stop strings never leak into a stream;
-logprob token texts carry raw bytes; chat templates validate their messages."""
+logprob token texts carry raw bytes."""
 from __future__ import annotations
 
 import pytest
 
-from minisgl.tokenizer.chat import render_chat
-from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream, cut_at_stop
+from minisgl.scheduler.stop import first_stop
+from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.token_text import TokenTexts
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -66,9 +66,21 @@ def test_stream_without_stops_emits_everything(tok) -> None:
     assert out == TEXT
 
 
-def test_cut_at_stop() -> None:
-    assert cut_at_stop("abcXdefY", ["Y", "X"]) == "abc"
-    assert cut_at_stop("abc", ["Z"]) == "abc"
+def test_first_stop() -> None:
+    assert first_stop("abcXdefY", ["Y", "X"], 0) == (3, "X")
+    assert first_stop("abc", ["Z"], 0) is None
+    # Only occurrences that end past new_from count: "X" at 3 was complete before 5; "fY" straddles it.
+    assert first_stop("abcXdefY", ["X", "fY"], 5) == (6, "fY")
+    assert first_stop("abcXdefY", ["X"], 5) is None
+
+
+def test_stream_ignores_stops_inside_min_tokens(tok) -> None:
+    ids = [tok.convert_tokens_to_ids(c) for c in "aXbXc"]  # one byte-level token per letter
+    assert tok.decode(ids) == "aXbXc"
+    assert TextStream(tok, True, ["X"]).push(ids, finished=True) == "a"
+    assert TextStream(tok, True, ["X"], min_tokens=2).push(ids, finished=True) == "aXb"
+    streamed = TextStream(tok, True, ["X"], min_tokens=2)
+    assert "".join(streamed.push([i], finished=k == 3) for k, i in enumerate(ids[:4])) == "aXb"
 
 
 def test_token_texts_carry_bytes(tok) -> None:
@@ -81,13 +93,3 @@ def test_token_texts_carry_bytes(tok) -> None:
     assert texts.get(tok.convert_tokens_to_ids("<|im_end|>"))[0] == "<|im_end|>"
 
 
-def test_chat_template(tok) -> None:
-    text = render_chat(tok, [{"role": "system", "content": "be brief"},
-                             {"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    with pytest.raises(ValueError, match="at least one message"):
-        render_chat(tok, [])
-    with pytest.raises(ValueError, match="role must be one of"):
-        render_chat(tok, [{"role": "wizard", "content": "x"}])
-    with pytest.raises(ValueError, match="only text parts"):
-        render_chat(tok, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])

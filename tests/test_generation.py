@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.engine.sampler import sample
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +64,6 @@ def test_eos_finishes_unless_ignored(llm: LLM) -> None:
         head[eos] = saved
     assert out.finish_reason == "stop" and out.token_ids == (eos,)
     assert kept.finish_reason == "length" and len(kept.token_ids) == 5
-
-
-def test_sampler_filters() -> None:
-    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0]] * 3)
-    g = [torch.Generator().manual_seed(i) for i in range(3)]
-    params = [
-        SamplingParams(temperature=0),
-        SamplingParams(temperature=1.0, top_k=1),
-        SamplingParams(temperature=1.0, top_p=0.01),
-    ]
-    assert sample(logits, params, g) == [1, 1, 1]
-    # top_k=2 never picks outside the two best tokens.
-    picks = {sample(logits[:1], [SamplingParams(temperature=5.0, top_k=2)], [g[0]])[0] for _ in range(200)}
-    assert picks == {1, 2}
 
 
 def test_default_model_demo_path() -> None:

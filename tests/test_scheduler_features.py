@@ -232,13 +232,3 @@ def test_integrity_check_catches_a_leak(engine: Engine) -> None:
     s.check_integrity()
 
 
-def test_sampling_extremes_stay_finite() -> None:
-    """Fuzzed API values once produced NaN probabilities and killed the engine."""
-    from minisgl.engine.sampler import sample
-
-    logits = torch.randn(1, 64) * 6
-    best = int(logits.argmax())
-    g = [torch.Generator().manual_seed(0)]
-    assert sample(logits, [SamplingParams(temperature=1.0, top_p=1e-300)], g) == [best]  # rounds to 0 in fp32
-    assert sample(logits, [SamplingParams(temperature=1e-9)], g) == [best]  # too cold to divide by
-    assert 0 <= sample(logits, [SamplingParams(temperature=1e300)], g)[0] < 64

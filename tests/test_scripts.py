@@ -44,7 +44,7 @@ BASH_VARS = {"_", "SHLVL"}
 LOCAL_LINES = ("prompt pool", "prompt pool sha256", "run dir")
 # generate_prompts.py on the fixed source below with the tiny tokenizer; a change here means the
 # pool format, the cutting or the tiny tokenizer changed.
-TEST_POOL_SHA256 = "ab4e1f981a774bd41dcb744fd0cb34a473da4bc190d0812bb27e03c68c661285"
+TEST_POOL_SHA256 = "a6f93a07f8dbf975affe62c22e9e84399607f1a18614f8d2654a2916555fb1ee"
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

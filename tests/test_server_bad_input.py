@@ -48,7 +48,13 @@ def _expect(server: Server, path: str, status: int, match: str, **kw) -> None:
         ({**GOOD, "prompt": [-1]}, "prompt[0]: Input should be greater than or equal to 0"),
         ({**GOOD, "prompt": [10**9]}, "outside the vocabulary"),
         ({**GOOD, "prompt": "word " * 400}, "maximum context length is 256"),
-        ({**GOOD, "frequency_penalty": 0.5}, "not supported by this server: frequency_penalty"),
+        ({**GOOD, "frequency_penalty": 2.5}, "frequency_penalty"),
+        ({**GOOD, "presence_penalty": -3}, "presence_penalty"),
+        ({**GOOD, "repetition_penalty": 0}, "repetition_penalty"),
+        ({**GOOD, "min_p": 1.5}, "min_p"),
+        ({**GOOD, "min_tokens": 5}, "min_tokens"),
+        ({**GOOD, "logit_bias": {"x": 1}}, "logit_bias"),
+        ({**GOOD, "logit_bias": {"512": 1}}, "outside the vocabulary"),
         ({**GOOD, "suffix": "x"}, "suffix"),
     ],
 )
@@ -69,7 +75,7 @@ def test_bad_completion(live_server: Server, body: dict, match: str) -> None:
         ({**CHAT, "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
         ({**CHAT, "max_completion_tokens": 10**9}, "maximum context length"),
         ({**CHAT, "top_logprobs": 2}, "top_logprobs needs logprobs"),
-        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "--tool-call-parser"),
         ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )

@@ -200,7 +200,7 @@ def test_tokenizer_round_trip(ckpts: dict, arch: str) -> None:
     chat = tok.apply_chat_template(
         [{"role": "user", "content": "hi é"}], tokenize=False, add_generation_prompt=True
     )
-    assert chat == "<|im_start|>user\nhi é<|im_end|>\n<|im_start|>assistant\n"
+    assert chat == "<|im_start|>user\nhi é<|im_end|>\n<|im_start|>assistant\n<think>\n"
     chat_ids = tok.encode(chat, add_special_tokens=False)
     assert chat_ids[0] == ids[IM_START] and chat_ids.count(ids[IM_END]) == 1
     gen = _json(ckpt, "generation_config.json")
@@ -230,7 +230,7 @@ def test_default_model_path_is_cached_and_race_safe(tmp_path: Path, monkeypatch:
         t.join()
     assert len(set(results)) == 1 and len(results) == 3
     path = results[0]
-    assert os.path.dirname(path) == str(tmp_path) and "qwen3_5_moe" in path and "seed0" in path
+    assert os.path.dirname(path) == str(tmp_path) and "qwen3_5_moe-trained-bf16" in path
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(path)]  # no temp dirs left behind
     mtime = os.path.getmtime(os.path.join(path, "config.json"))
     assert default_model_path() == path

@@ -24,6 +24,10 @@ def _generate(ns: argparse.Namespace) -> None:
     args = dataclasses.asdict(engine_args_from(ns))
     afd = dataclass_from(ns, AfdArgs, "afd_") if ns.afd else None
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, ignore_eos=ns.ignore_eos)
+    if ns.model_path is None:
+        from minisgl.tools.tiny_default import describe
+
+        print(f"model: {describe()}\n")
     with LLM(afd=afd, **args) as llm:
         start = time.perf_counter()
         results = llm.generate(ns.prompt, params)

@@ -26,6 +26,7 @@ class ForwardBatch:
     # Host copies for the torch reference backends, which loop over requests.
     prefix_lens: tuple[int, ...]
     extend_lens: tuple[int, ...]
+    slot_ids: tuple[int, ...] = ()  # host copy of `slots`: what a TP step message names (engine/tp_group.py)
 
     @property
     def batch_size(self) -> int:
@@ -75,4 +76,5 @@ class ForwardBatch:
             logit_idx=to_device([c - 1 for c in cu[1:]], i64, device),
             prefix_lens=tuple(prefix_lens),
             extend_lens=tuple(extend),
+            slot_ids=tuple(slots),
         )

@@ -1,18 +1,22 @@
 """Offline API: LLM(model_path, **engine_args).generate(prompts, sampling_params)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine, with_model_path
+from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.factory import build_scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -27,10 +31,16 @@ class GenerationResult:
 
 class LLM:
     """`afd=AfdArgs(...)` runs the model disaggregated over worker processes; call close() (or use
-    the LLM as a context manager) to stop them."""
+    the LLM as a context manager) to stop them. generate() without sampling params uses the
+    checkpoint's generation_config.json sampling defaults (`generation_config="ignore"`: none)."""
 
-    def __init__(self, model_path: str | None = None, afd: AfdArgs | None = None, **engine_args: object) -> None:
+    def __init__(
+        self, model_path: str | None = None, afd: AfdArgs | None = None, generation_config: str = "auto",
+        **engine_args: object,
+    ) -> None:
         args = with_model_path(EngineArgs(model_path=model_path, **engine_args))
+        self.sampling_defaults = load_sampling_defaults(args.model_path, generation_config)
+        logger.info("%s", self.sampling_defaults.describe())
         # The scheduler first: it reports a bad path or config before the tokenizer could.
         self.scheduler: RequestScheduler = build_scheduler(
             args, afd, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
@@ -61,7 +71,9 @@ class LLM:
             prompts = [prompts]
         if not prompts:
             raise ValueError("no prompts given")
-        params = SamplingParams.broadcast(sampling_params, len(prompts))
+        params = SamplingParams.broadcast(
+            self.sampling_defaults.params() if sampling_params is None else sampling_params, len(prompts)
+        )
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         # Validate everything before queueing anything, so a bad prompt leaves no request behind.
         for i, (toks, p) in enumerate(zip(ids, params)):
@@ -85,7 +97,8 @@ class LLM:
 
     def _result(self, prompt: list[int], params: SamplingParams, outs: list[RequestOutput]) -> GenerationResult:
         tokens = tuple(t for o in outs for t in o.new_token_ids)
-        text = TextStream(self.tokenizer, params.skip_special_tokens, params.stop).push(tokens, finished=True)
+        text = TextStream(self.tokenizer, params.skip_special_tokens, params.stop, params.min_tokens)
+        text = text.push(tokens, finished=True)
         prompt_lp = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
         return GenerationResult(
             tuple(prompt), tokens, text, outs[-1].finish_reason, tuple(e for o in outs for e in o.logprobs), prompt_lp

@@ -95,7 +95,8 @@ def test_every_tile_agrees(tile: TileConfig, n: int, k: int, m: int) -> None:
 @pytest.mark.parametrize("m", [16, 300, 4133])
 def test_cublas_block_scaling_matches_torch(n: int, k: int, m: int) -> None:
     """torch._scaled_mm's 1x128 x 128x128 recipe on our layouts. Where this torch or cuBLAS cannot
-    run it, fp8_linear uses the tiled kernel instead; this test then says why, as an expected failure."""
+    run it, fp8_linear uses the tiled kernel instead; this test then says why, as an expected failure.
+    A token count cuBLAS refuses (4133: not a multiple of 4) checks the fallback's result instead."""
     why_not = cublas_block_scaling(torch.device(DEVICE))
     if why_not is not None:
         pytest.xfail(f"cuBLAS block scaling unavailable here: {why_not}")

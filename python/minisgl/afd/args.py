@@ -19,7 +19,7 @@ class AfdArgs:
     launcher: str = "local"
     attn_nodes: str | None = None  # ray: comma-separated node IPs for the attention workers
     expert_nodes: str | None = None  # ray: node IPs for the expert workers
-    attn_tp_size: int = 1
+    attn_tp_size: int = 1  # tensor-parallel ranks inside each attention lane
     step_timeout_s: float = 60.0  # the longest the coordinator waits for one step's replies
     cpu_threads: int = 1  # torch threads per worker process on the CPU
     mb_split: str = "count"  # "count" | "context": balance full-attention context across micro-batches
@@ -38,8 +38,8 @@ class AfdArgs:
             raise ValueError(f"--afd-dispatch-dtype must be one of {DISPATCH_DTYPES}, got {self.dispatch_dtype!r}")
         if self.launcher not in LAUNCHERS:
             raise ValueError(f"--afd-launcher must be one of {LAUNCHERS}, got {self.launcher!r}")
-        if self.attn_tp_size != 1:
-            raise ValueError("tensor parallelism inside an attention worker (--afd-attn-tp-size > 1) is not supported yet")
+        if self.attn_tp_size < 1:
+            raise ValueError(f"--afd-attn-tp-size must be >= 1, got {self.attn_tp_size}")
         if self.mb_split not in MB_SPLITS:
             raise ValueError(f"--afd-mb-split must be one of {MB_SPLITS}, got {self.mb_split!r}")
         if self.layer_timing_dir is not None and not self.layer_timing_dir.strip():
@@ -55,4 +55,5 @@ class AfdArgs:
 
     @property
     def world_size(self) -> int:
-        return self.attn_workers + self.expert_workers
+        """Attention lanes of attn_tp_size ranks each, then the expert workers."""
+        return self.attn_workers * self.attn_tp_size + self.expert_workers

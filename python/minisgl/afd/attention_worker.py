@@ -1,6 +1,10 @@
 """An attention worker: one data-parallel lane. It owns its requests' KV pages and state slots,
 embeddings, attention/GDN, norms, router, shared expert, lm_head and sampling; the routed experts
-are reached through RemoteMoE. The model is the same definition a colocated engine runs."""
+are reached through RemoteMoE. The model is the same definition a colocated engine runs.
+
+A lane may span --afd-attn-tp-size ranks, sharded as a colocated TP engine is. Every rank gets the
+lane's plan and applies it to its own pool; TP rank 0 samples, replies with the tokens and talks
+to the expert workers; the other ranks get each micro-batch's input ids from it by broadcast."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -14,12 +18,13 @@ from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
 from minisgl.afd.worker import WorkerSpec
 from minisgl.engine.engine import Engine, model_dtype, with_model_path
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
 from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
-from minisgl.sampling_params import SamplingParams
+from minisgl.parallel.collectives import broadcast_from_leader
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
 @dataclass
@@ -32,8 +37,9 @@ class Launched:
 
 
 class AttentionWorker:
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, lane: ParallelConfig = SINGLE) -> None:
         self.name = spec.name
+        self.lane = lane
         # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
         # capture in lock-step, which is not built yet.
         args = replace(with_model_path(spec.engine_args), device=spec.device, disable_cuda_graph=True)
@@ -43,20 +49,22 @@ class AttentionWorker:
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
             config.top_k, model_dtype(args, config), spec.afd_args.dispatch_dtype == "fp8", device,
+            lane_tp=lane.tp_size,
         )
         self.step_state = StepState()
+        dispatcher = self.transport if lane.is_leader else None  # one exchange per lane
 
         def remote(layer_id: int) -> RemoteMoE:
             return RemoteMoE(
                 config.hidden_size, config.num_experts, config.top_k, config.shared_expert_intermediate_size,
-                config.norm_topk_prob, self.transport, self.step_state,
+                config.norm_topk_prob, dispatcher, self.step_state, lane,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False)
+        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
-        self.samplers: dict[int, tuple[SamplingParams, torch.Generator | None]] = {}
+        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
         self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
@@ -67,7 +75,7 @@ class AttentionWorker:
     def _apply(self, plan: AgPlan) -> None:
         for slot in plan.free_slots:
             self.pool.clear_slot(slot)
-            self.samplers.pop(slot, None)
+            self.sampler.remove(slot)
         for new in plan.new_requests:
             self.pool.reset_slot(new.slot)
             gen = None
@@ -75,7 +83,7 @@ class AttentionWorker:
                 gen = self.lane_generator
                 if new.params.seed is not None:
                     gen = torch.Generator(device=self.last_token.device).manual_seed(new.params.seed)
-            self.samplers[new.slot] = (new.params, gen)
+            self.sampler.add(new.slot, new.params, gen)
         for a in plan.pages:
             self.pool.assign_pages(a.slot, a.start, list(a.pages))
 
@@ -83,9 +91,10 @@ class AttentionWorker:
         tokens = [list(r.tokens) if r.tokens is not None else [0] for r in reqs]
         batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs], [r.slot for r in reqs])
         decodes = [i for i, r in enumerate(reqs) if r.tokens is None]
-        if decodes:
+        if decodes and self.lane.is_leader:
             slots = to_device([reqs[i].slot for i in decodes], torch.int64, self.last_token.device)
             batch.input_ids[batch.logit_idx[decodes]] = self.last_token[slots]
+        broadcast_from_leader(batch.input_ids, self.lane)  # the decode tokens exist on rank 0 only
         return batch
 
     # -- the forward ----------------------------------------------------------------------------
@@ -138,20 +147,21 @@ class AttentionWorker:
                 mb_tokens=[sum(r.extend_len for r in mb) for mb in plan.micro_batches],
                 contexts=[[r.prefix_len + r.extend_len for r in mb] for mb in plan.micro_batches],
             )
+        for r in (r for mb in plan.micro_batches for r in mb if r.tokens is not None):
+            self.sampler.see_prompt(r.slot, r.tokens)
         batches = [self._batch(mb) if mb else None for mb in plan.micro_batches]
         logits = self._forward(batches, marks)
         rows, rids, slots = [], [], []
         for mb, reqs in enumerate(plan.micro_batches):
             for i, r in enumerate(reqs):
-                if r.sample:
+                if r.sample and self.lane.is_leader:  # the lane's TP rank 0 samples and replies
                     rows.append(logits[mb][i])
                     rids.append(r.rid)
                     slots.append(r.slot)
         device = self.last_token.device
         tokens = torch.empty(0, dtype=torch.int64, device=device)
         if rows:
-            params, gens = zip(*(self.samplers[s] for s in slots))
-            tokens = sample_tensor(torch.stack(rows), list(params), list(gens))
+            tokens = self.sampler.sample(torch.stack(rows), slots)
             self.last_token[to_device(slots, torch.int64, device)] = tokens
         if marks is not None:
             marks.mark(-1, -1, "end")

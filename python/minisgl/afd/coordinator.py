@@ -33,6 +33,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import max_seq_len, pool_config, with_model_path
 from minisgl.kvcache.allocator import PoolAllocator
 from minisgl.models.config import load_config
+from minisgl.models.sharding import check_parallel
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
@@ -76,6 +77,10 @@ class Coordinator:
         self.afd = afd
         self.config = config = load_config(engine_args.model_path)
         ExpertPlan(config.num_experts, afd.expert_workers)  # E % N, before anything starts
+        if engine_args.tp_size != 1 or engine_args.ep_size != 1:
+            raise ValueError("--tp-size and --ep-size shard the colocated engine; with --afd, shard each attention "
+                             "lane with --afd-attn-tp-size (the experts are spread over --afd-expert-workers)")
+        check_parallel(config, afd.attn_tp_size, 1, flag="--afd-attn-tp-size")
         self.max_seq_len = max_seq_len(engine_args, config)
         pcfg = pool_config(engine_args, config)
         if afd.num_mb > pcfg.max_running_requests:
@@ -126,8 +131,10 @@ class Coordinator:
         devices = launcher.devices(self.afd)
         self.plan_socks: dict[str, zmq.Socket] = {}
         specs = []
-        roles = [(ATTN, i) for i in range(self.afd.attn_workers)] + [(EXPERT, r) for r in range(self.afd.expert_workers)]
-        for rank, (role, index) in enumerate(roles):
+        # Each lane's TP ranks are consecutive (one node's GPUs); the plan of a lane goes to each of them.
+        roles = [(ATTN, i, j) for i in range(self.afd.attn_workers) for j in range(self.afd.attn_tp_size)]
+        roles += [(EXPERT, r, 0) for r in range(self.afd.expert_workers)]
+        for rank, (role, index, tp_rank) in enumerate(roles):
             sock = self.zmq.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             # A dead worker's socket stops taking messages: a send must fail, not block forever.
@@ -136,11 +143,13 @@ class Coordinator:
             spec = WorkerSpec(
                 role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
                 f"tcp://{launcher.host}:{reply_port}", self.engine_args, self.afd, devices[rank],
-                parent_pid=None if self.afd.launcher == "ray" else os.getpid(),
+                parent_pid=None if self.afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank,
             )
             self.plan_socks[spec.name] = sock
             specs.append(spec)
-        self.ag_names = [s.name for s in specs if s.role == ATTN]
+        self.ag_names = [s.name for s in specs if s.role == ATTN and s.tp_rank == 0]  # one per lane
+        self.lane_members = {n: [s.name for s in specs if s.role == ATTN and s.name.split(".")[0] == n]
+                             for n in self.ag_names}
         self.eg_names = [s.name for s in specs if s.role == EXPERT]
         launcher.start(specs)
         ready: set[str] = set()
@@ -313,7 +322,8 @@ class Coordinator:
         bucket = _next_pow2(max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs))
         for (lane, mbs, new, pages), name in zip(mbs_per_lane, self.ag_names):
             frees, lane.frees = tuple(lane.frees), []
-            plans.append((name, AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages))))
+            plan = AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages))
+            plans += [(member, plan) for member in self.lane_members[name]]
         eg_plan = EgPlan(step, self.afd.num_mb, bucket, "prefill" if prefill else "decode")
         plans += [(name, eg_plan) for name in self.eg_names]
         size = 0
@@ -328,7 +338,7 @@ class Coordinator:
     # -- replies --------------------------------------------------------------------------------
     def _retire(self, step: int) -> list[RequestOutput]:
         deadline = time.monotonic() + self.afd.step_timeout_s
-        expected = len(self.ag_names) + len(self.eg_names)
+        expected = len(self.plan_socks)  # every worker replies, each lane's TP ranks included
         while len(self._replies.get(step, {})) < expected:
             msg = self._recv(deadline, f"step {step}", lambda: sorted(
                 set(self.ag_names + self.eg_names) - set(self._replies.get(step, {}))))

@@ -19,10 +19,9 @@ class ExpertStage(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H], global expert ids [T, k] (-1 = padding), weights [T, k] -> [T, H]."""
-        local = ids - self.experts.start
-        local = torch.where((ids >= 0) & (local >= 0) & (local < self.experts.count), local, -1)
         return self.backend.forward(
-            x, self.experts.gate_up_proj, self.experts.down_proj, local, weights.to(x.dtype), **self.experts.scales()
+            x, self.experts.gate_up_proj, self.experts.down_proj, self.experts.local_ids(ids), weights.to(x.dtype),
+            **self.experts.scales()
         )
 
 

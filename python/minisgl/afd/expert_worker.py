@@ -41,7 +41,7 @@ class ExpertWorker:
         self.num_layers = config.num_layers
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
-            config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device,
+            config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device, lane_tp=spec.afd_args.attn_tp_size,
         )
         self.device = device
         self.timer = make_timer(

@@ -114,8 +114,8 @@ class RayLauncher:
 
         for role in (ATTN, "expert"):
             nodes = self._nodes(role)
-            for i, spec in enumerate(s for s in specs if s.role == role):
-                node = nodes[i % len(nodes)]
+            for spec in (s for s in specs if s.role == role):
+                node = nodes[spec.index % len(nodes)]  # a lane's TP ranks share its node
                 gpus = 1 if spec.device.startswith("cuda") else 0
                 actor = _Worker.options(num_gpus=gpus, resources={f"node:{node}": 0.001}).remote()
                 self.actors[spec.name] = actor

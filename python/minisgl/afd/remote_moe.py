@@ -1,6 +1,10 @@
 """The MoE block on an attention worker: router and shared expert run here, the routed experts on
 the expert workers. The decoder layer calls it like any MoE block; the micro-batch driver calls
-dispatch and combine separately so the other micro-batch computes while the experts run."""
+dispatch and combine separately so the other micro-batch computes while the experts run.
+
+In a lane with tensor parallelism every rank holds the same tokens: only TP rank 0 routes and
+exchanges with the expert workers (once per lane), each rank computes its slice of the shared
+expert, and one all-reduce over the lane sums rank 0's routed output with the shared partials."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +16,15 @@ from minisgl.afd.transport import PendingCombine, Transport
 from minisgl.layers.linear import Linear
 from minisgl.moe.local_moe import SharedExpert
 from minisgl.moe.router import route
+from minisgl.parallel.collectives import all_reduce
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
 @dataclass
 class InFlight:
-    pending: PendingCombine
+    pending: PendingCombine | None  # None on a lane's other TP ranks
     shared: torch.Tensor | None
+    x: torch.Tensor  # the block's input: the shape of its output
 
 
 class StepState:
@@ -34,33 +41,42 @@ class RemoteMoE(nn.Module):
         top_k: int,
         shared_intermediate: int,
         renormalize: bool,
-        transport: Transport,
+        transport: Transport | None,
         step: StepState,
+        parallel: ParallelConfig = SINGLE,
     ) -> None:
+        """transport: None on the lane's TP ranks other than 0."""
         super().__init__()
         self.top_k = top_k
         self.renormalize = renormalize
+        self.parallel = parallel
         self.gate = Linear(hidden, num_experts)
         self.shared_expert: SharedExpert | None = None
         self.shared_expert_gate: Linear | None = None
         if shared_intermediate:
-            self.shared_expert = SharedExpert(hidden, shared_intermediate)
+            self.shared_expert = SharedExpert(hidden, shared_intermediate, parallel)
             self.shared_expert_gate = Linear(hidden, 1)
         self.transport = transport
         self.step = step
 
     def dispatch(self, x: torch.Tensor, mb: int) -> InFlight:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        pending = self.transport.dispatch(mb, self.step.bucket, x, ids.int(), weights.float())
+        pending = None
+        if self.transport is not None:
+            weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+            pending = self.transport.dispatch(mb, self.step.bucket, x, ids.int(), weights.float())
         # The shared expert runs while the expert workers compute the routed ones.
         shared = None
         if self.shared_expert is not None:
             shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return InFlight(pending, shared)
+        return InFlight(pending, shared, x)
 
     def combine(self, inflight: InFlight) -> torch.Tensor:
-        out = Transport.combine(inflight.pending)
-        return out if inflight.shared is None else out + inflight.shared
+        out = None if inflight.pending is None else Transport.combine(inflight.pending)
+        if inflight.shared is not None:
+            out = inflight.shared if out is None else out + inflight.shared
+        if out is None:  # a lane's other rank without a shared expert: rank 0's output arrives in the all-reduce
+            out = torch.zeros_like(inflight.x)
+        return all_reduce(out, self.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.combine(self.dispatch(x, mb=0))

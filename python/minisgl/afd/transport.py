@@ -7,6 +7,9 @@ Per MoE layer and micro-batch:
   ids and routing weights. Padding rows carry expert id -1.
 - N2M combine: every EG returns the weighted sum of its own experts' outputs for every row.
 
+With tensor parallelism inside the attention lanes, only each lane's TP rank 0 exchanges with the
+EGs (every lane rank holds the same tokens): the dispatch happens once per lane, not once per rank.
+
 Every token goes to every EG rather than only to the owners of its experts: with Qwen3.5's top-8
 over N ≤ 8 expert workers, a given EG owns one of a token's experts with probability
 1 − (1 − 1/N)^8 (0.90 at N = 4), so compaction would save little, while fixed-size messages need
@@ -82,15 +85,18 @@ class PendingDispatch:
 
 
 class Transport:
-    """One process's end of the exchange. Ranks [0, M) are AGs, [M, M + N) are EGs."""
+    """One process's end of the exchange. Ranks [0, M * lane_tp) are the AG lanes' ranks (lane i's
+    TP rank 0, which exchanges for the lane, at i * lane_tp), [M * lane_tp, M * lane_tp + N) are EGs."""
 
     def __init__(
         self, rank: int, num_ag: int, num_eg: int, hidden: int, top_k: int, dtype: torch.dtype,
-        fp8_dispatch: bool, device: torch.device,
+        fp8_dispatch: bool, device: torch.device, lane_tp: int = 1,
     ) -> None:
         if fp8_dispatch and hidden % FP8_GROUP:
             raise ValueError(f"fp8 dispatch needs hidden_size % {FP8_GROUP} == 0, got {hidden}")
         self.rank, self.num_ag, self.num_eg = rank, num_ag, num_eg
+        self.ag_ranks = [a * lane_tp for a in range(num_ag)]
+        self.eg_ranks = range(num_ag * lane_tp, num_ag * lane_tp + num_eg)
         self.hidden, self.top_k, self.dtype, self.fp8 = hidden, top_k, dtype, fp8_dispatch
         self.device = device
         self._buffers: dict[tuple[str, int, int], torch.Tensor] = {}
@@ -110,9 +116,6 @@ class Transport:
         if key not in self._buffers:
             self._buffers[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return self._buffers[key]
-
-    def _eg_ranks(self) -> range:
-        return range(self.num_ag, self.num_ag + self.num_eg)
 
     # -- attention-worker side ------------------------------------------------------------------
     def dispatch(self, mb: int, bucket: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> PendingCombine:
@@ -135,9 +138,9 @@ class Transport:
         partials = self._buffer("ag_recv", bucket, mb, (self.num_eg, bucket, self.hidden), self.dtype)
         recvs = [
             dist.P2POp(dist.irecv, partials[i], r, self.combine_group, _COMBINE_TAG + mb)
-            for i, r in enumerate(self._eg_ranks())
+            for i, r in enumerate(self.eg_ranks)
         ]
-        sends = [dist.P2POp(dist.isend, buf, r, self.dispatch_group, _DISPATCH_TAG + mb) for r in self._eg_ranks()]
+        sends = [dist.P2POp(dist.isend, buf, r, self.dispatch_group, _DISPATCH_TAG + mb) for r in self.eg_ranks]
         works = dist.batch_isend_irecv(recvs) + dist.batch_isend_irecv(sends)
         return PendingCombine(works, partials, t)
 
@@ -152,7 +155,8 @@ class Transport:
     def post_receive(self, mb: int, bucket: int) -> PendingDispatch:
         layout = self.layout(bucket)
         bufs = self._buffer("eg_recv", bucket, mb, (self.num_ag, layout.nbytes), torch.uint8)
-        ops = [dist.P2POp(dist.irecv, bufs[a], a, self.dispatch_group, _DISPATCH_TAG + mb) for a in range(self.num_ag)]
+        ops = [dist.P2POp(dist.irecv, bufs[a], r, self.dispatch_group, _DISPATCH_TAG + mb)
+               for a, r in enumerate(self.ag_ranks)]
         return PendingDispatch(dist.batch_isend_irecv(ops), bufs, layout, mb)
 
     def receive(self, pending: PendingDispatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -172,5 +176,6 @@ class Transport:
         """Return each AG its rows of the partial sums out [M·bucket, H]."""
         buf = self._buffer("eg_send", bucket, mb, (self.num_ag, bucket, self.hidden), self.dtype)
         buf.copy_(out.view(self.num_ag, bucket, self.hidden))
-        ops = [dist.P2POp(dist.isend, buf[a], a, self.combine_group, _COMBINE_TAG + mb) for a in range(self.num_ag)]
+        ops = [dist.P2POp(dist.isend, buf[a], r, self.combine_group, _COMBINE_TAG + mb)
+               for a, r in enumerate(self.ag_ranks)]
         return dist.batch_isend_irecv(ops)

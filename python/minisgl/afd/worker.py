@@ -20,6 +20,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.profiling import StepProfiler
 from minisgl.afd.protocol import Reply, Shutdown
 from minisgl.engine.args import EngineArgs
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ _IDLE_POLL_MS = 500
 class WorkerSpec:
     role: str  # ATTN or EXPERT
     index: int  # lane index (ATTN) or expert-parallel rank (EXPERT)
-    rank: int  # rank in the torch.distributed world: attention workers first, then expert workers
+    rank: int  # rank in the torch.distributed world: attention lanes' ranks first, then expert workers
     store_addr: tuple[str, int]  # the coordinator's TCPStore, which every rank rendezvouses through
     plan_addr: str  # the coordinator's PUSH socket for this worker
     reply_addr: str  # the coordinator's PULL socket for all replies
@@ -39,10 +40,11 @@ class WorkerSpec:
     afd_args: AfdArgs
     device: str
     parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
+    tp_rank: int = 0  # rank inside the attention lane (--afd-attn-tp-size)
 
     @property
     def name(self) -> str:
-        return f"{self.role}{self.index}"
+        return f"{self.role}{self.index}" + (f".tp{self.tp_rank}" if self.tp_rank else "")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,14 @@ def init_distributed(spec: WorkerSpec) -> None:
     )
 
 
+def lane_groups(afd: AfdArgs) -> list[object]:
+    """The process group of each attention lane's TP ranks; every rank makes them, in the same order."""
+    if afd.attn_tp_size == 1:
+        return []
+    tp = afd.attn_tp_size
+    return [dist.new_group(list(range(i * tp, (i + 1) * tp))) for i in range(afd.attn_workers)]
+
+
 def _name_process(name: str) -> None:
     """The name ps and top show (Linux), so an operator can tell the workers apart (and kill one)."""
     try:
@@ -139,10 +149,14 @@ def worker_main(spec: WorkerSpec) -> None:
         else:
             torch.set_num_threads(spec.afd_args.cpu_threads)
         init_distributed(spec)
+        lanes = lane_groups(spec.afd_args)
         if spec.role == ATTN:
             from minisgl.afd.attention_worker import AttentionWorker
 
-            runner: StepRunner = AttentionWorker(spec)
+            tp = spec.afd_args.attn_tp_size
+            lane = SINGLE if tp == 1 else ParallelConfig(
+                tp, spec.tp_rank, 1, tuple(range(spec.index * tp, (spec.index + 1) * tp)), lanes[spec.index])
+            runner: StepRunner = AttentionWorker(spec, lane)
         else:
             from minisgl.afd.expert_worker import ExpertWorker
 

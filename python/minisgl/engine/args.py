@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.parallel.config import check_sizes
+
 LOAD_FORMATS = ("auto", "dummy")
 CPU_MAX_RUNNING_REQUESTS = 16  # the CPU's default: no memory to measure, so a fixed, small pool
 # The planner measures the activation peak, so what is left is headroom for allocator slack only.
@@ -30,17 +32,18 @@ class EngineArgs:
     # On a GPU, the share of memory left after the weights and the measured activation peak that the
     # pool (state slots, KV pages) may take. None: DEFAULT_MEM_FRACTION. Alias: --gpu-memory-utilization.
     mem_fraction_static: float | None = None
-    # SGLang flags accepted for compatibility; only their defaults are implemented so far.
+    # Tensor parallelism: one process per rank (this one is rank 0 and runs the scheduler).
     tp_size: int = 1
+    # Expert parallelism over the TP ranks: experts split into ep_size groups, each expert's
+    # intermediate dim over the tp_size / ep_size ranks of its group.
+    ep_size: int = 1
 
     def __post_init__(self) -> None:
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
-        if self.tp_size != 1:
-            raise ValueError(f"tp_size {self.tp_size}: tensor parallelism is not implemented yet (--afd spreads "
-                             f"the experts over GPUs)")
+        check_sizes(self.tp_size, self.ep_size)
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
         if self.chunked_prefill_size < 1:

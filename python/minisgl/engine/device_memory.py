@@ -5,7 +5,8 @@
    activations are measured; decode steps of one row and of the most rows measure what each
    running request adds to a step (logits, sampling, and the same again in the decode graphs' pool).
 2. Give what is free, less that reserve, times --mem-fraction-static, to the pool
-   (kvcache/planner.py).
+   (kvcache/planner.py). Under TP every rank measures its own device and prices its own share of
+   a slot and a page; the ranks then plan from the tightest rank's figures, so their pools match.
 3. With the real pool and its decode graphs, run the shapes again: what still compiles counts as
    warm-up; from then on every compile is logged as a stall.
 """
@@ -20,7 +21,7 @@ import torch
 
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
 from minisgl.engine.warmup import (
     StepShape,
     decode_shapes,
@@ -33,6 +34,7 @@ from minisgl.engine.warmup import (
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.kvcache.planner import GIB, MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolPlan, plan_pool
+from minisgl.parallel.collectives import max_over_ranks
 from minisgl.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -55,7 +57,10 @@ def _runner(engine: "Engine", make_batch: Callable[..., ForwardBatch], forward: 
     generator = torch.Generator(device=engine.device).manual_seed(0)
 
     def sample(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        sample_tensor(logits, params, [None if p.greedy else generator for p in params])
+        sampler = Sampler(engine.config.vocab_size, engine.device, engine.config.eos_token_ids, len(params))
+        for key, p in enumerate(params):
+            sampler.add(key, p, None if p.greedy else generator)
+        sampler.sample(logits, list(range(len(params))))
 
     def run(shapes: list[StepShape]) -> None:
         with torch.inference_mode():
@@ -144,6 +149,10 @@ def prepare_on_device(engine: "Engine", max_prefill_tokens: int) -> DevicePrepar
     gc.collect()
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
+    # Each TP rank measured its own device; rank 0's allocator is mirrored on the others, so all
+    # plan one pool, from the tightest rank's figures. (engine.layout is this rank's share.)
+    neg_free, step_peak, row_bytes = max_over_ranks([-free, step_peak, row_bytes], engine.parallel, engine.device)
+    free = -neg_free
     budget = MemoryBudget(free, step_peak, args.mem_fraction_static or DEFAULT_MEM_FRACTION)
     costs = PoolCosts(
         slot_bytes=engine.layout.state_bytes_per_slot(engine.dtype, ssm_dtype),

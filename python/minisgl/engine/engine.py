@@ -16,6 +16,7 @@ from minisgl.engine import compile_watch
 from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, EngineArgs
 from minisgl.engine.device_memory import DevicePreparation, prepare_on_device
 from minisgl.engine.graph import DecodeGraphRunner
+from minisgl.engine.tp_group import READY, JournaledPool, TpGroup, TpStep
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
@@ -24,8 +25,11 @@ from minisgl.models.context import Backends
 from minisgl.models.dummy_weights import init_dummy_weights
 from minisgl.models.materialize import materialize
 from minisgl.models.registry import MODELS
+from minisgl.models.sharding import check_parallel
 from minisgl.models.weights import WeightFilter, load_weights
 from minisgl.moe.registry import MOE_BACKENDS
+from minisgl.parallel.collectives import broadcast_from_leader
+from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.registry import Registry
 from minisgl.tools.make_tiny_model import default_model_path
 
@@ -38,15 +42,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def pool_layout(config: ModelConfig) -> PoolLayout:
+def pool_layout(config: ModelConfig, parallel: ParallelConfig = SINGLE) -> PoolLayout:
+    """What one rank stores: under TP its KV heads (one replicated head when there are fewer KV
+    heads than ranks), and its GDN key/value heads' conv channels and recurrent state."""
+    k0, k1 = parallel.kv_head_range(config.num_kv_heads)
+    tp = parallel.tp_size
+    linear = bool(config.linear_layers)
     return PoolLayout(
         full_layers=config.full_layers,
-        num_kv_heads=config.num_kv_heads,
+        num_kv_heads=k1 - k0,
         head_dim=config.head_dim,
         linear_layers=config.linear_layers,
-        conv_dim=config.conv_dim,
+        conv_dim=config.conv_dim // tp if linear else 0,
         conv_kernel=config.linear_conv_kernel_dim,
-        num_value_heads=config.linear_num_value_heads,
+        num_value_heads=config.linear_num_value_heads // tp if linear else 0,
         key_head_dim=config.linear_key_head_dim,
         value_head_dim=config.linear_value_head_dim,
     )
@@ -151,16 +160,46 @@ class Engine:
         mlp_factory: Callable[[int], nn.Module] | None = None,
         max_prefill_tokens: int = 16384,
         warm_up: bool = True,
+        parallel: ParallelConfig | None = None,
     ) -> None:
         """mlp_factory(layer_id) replaces the local MoE blocks (an AFD attention worker's remote ones).
         warm_up=False skips the device's warm-up and memory planning: an AFD attention worker's steps
         need its expert workers in lock-step, so it cannot run them alone (its pool keeps the flags'
-        sizes). max_prefill_tokens is the largest prefill step the scheduler will run."""
+        sizes). max_prefill_tokens is the largest prefill step the scheduler will run.
+
+        parallel: this process's rank of a TP group that someone else started (a colocated
+        follower, a rank of an AFD lane). Without it and with --tp-size > 1, this engine starts
+        the followers (engine/tp_group.py) and is their rank 0."""
         started = time.monotonic()
         self.args = args = with_model_path(args)
         self.model_path: str = args.model_path
         self.config = load_config(self.model_path)
         check_context(args, self.config)
+        group: TpGroup | None = None
+        if parallel is None:
+            check_parallel(self.config, args.tp_size, args.ep_size)
+            if args.tp_size > 1:
+                group = TpGroup(args, max_prefill_tokens)
+                parallel = group.parallel
+                self.args = args = replace(args, device=group.devices[0])
+        self.parallel = parallel or SINGLE
+        self.followers: TpGroup | None = None  # set once this rank 0 is ready to serve
+        try:
+            self._build(args, weight_filter, mlp_factory, max_prefill_tokens, warm_up, journaled=group is not None)
+            if group is not None:
+                group.wait_for(READY)
+        except BaseException:
+            if group is not None:
+                group.close(timeout_s=0)
+            raise
+        self.followers = group
+        self.startup_seconds = time.monotonic() - started
+        self._log_pool()
+
+    def _build(
+        self, args: EngineArgs, weight_filter: WeightFilter | None, mlp_factory: Callable[[int], nn.Module] | None,
+        max_prefill_tokens: int, warm_up: bool, journaled: bool,
+    ) -> None:
         self.device = resolve_device(args.device)
         planned = plans_on_device(args, self.device) and warm_up
         self.dtype = model_dtype(args, self.config)
@@ -169,28 +208,33 @@ class Engine:
         if self.device.type == "cuda":
             compile_watch.install()
         self.model = build_module(
-            lambda: arch(self.config, backends, mlp_factory), self.dtype, self.device, fp8_storage(self.config, self.device)
+            lambda: arch(self.config, backends, mlp_factory, self.parallel), self.dtype, self.device,
+            fp8_storage(self.config, self.device),
         )
         if args.load_format == "dummy":
             init_dummy_weights(self.model, args.seed)
         else:
             load_weights(self.model, self.model_path, self.config, weight_filter)
         self.model.eval()
-        self.layout = pool_layout(self.config)
+        self.layout = pool_layout(self.config, self.parallel)
         self.preparation: DevicePreparation | None = None
         with compile_watch.warming_up():
             if planned:
                 self.preparation = prepare_on_device(self, max_prefill_tokens)
-                pool_cfg = self.preparation.pool_config
+                self.pool_cfg = self.preparation.pool_config
             else:
-                pool_cfg = pool_config(args, self.config)
-            self.max_seq_len = pool_cfg.max_seq_len
-            self.pool = HybridPool(self.layout, pool_cfg, self.dtype, self.device)
+                self.pool_cfg = pool_config(args, self.config)
+            self.max_seq_len = self.pool_cfg.max_seq_len
+            self.pool = (JournaledPool if journaled else HybridPool)(self.layout, self.pool_cfg, self.dtype, self.device)
             self.graph_runner = self._capture_graphs(backends)
             if planned:
                 self.preparation.warm_up_final(self)
-        self.startup_seconds = time.monotonic() - started
-        self._log_pool(pool_cfg)
+
+    def close(self) -> None:
+        """Stop the TP followers this engine started (nothing to do otherwise)."""
+        if self.followers is not None:
+            self.followers.close()
+            self.followers = None
 
     def warmup_summary(self) -> dict[str, float | int | str]:
         """What warm-up cost and what the planner chose, for /server_info."""
@@ -200,7 +244,7 @@ class Engine:
         return {"warmup_seconds": prep.warmup_seconds, "warmup_compiles": prep.warmup_compiles,
                 "memory": prep.describe(self.startup_seconds)}
 
-    def _log_pool(self, pool_cfg: PoolConfig) -> None:
+    def _log_pool(self) -> None:
         if self.preparation is not None:
             logger.info("%s", self.preparation.describe(self.startup_seconds))
             return
@@ -209,7 +253,7 @@ class Engine:
         logger.info(
             "pool: %d KV pages of %d tokens (%.1f MiB), %d state slots (%.1f MiB); max concurrency %d at %d tokens",
             self.pool.total_pages, self.args.page_size, kv_mb, self.pool.max_running, state_mb,
-            min(self.pool.max_running, self.pool.total_pages // pool_cfg.pages_per_request), self.max_seq_len,
+            min(self.pool.max_running, self.pool.total_pages // self.pool_cfg.pages_per_request), self.max_seq_len,
         )
 
     def _capture_graphs(self, backends: Backends) -> DecodeGraphRunner | None:
@@ -221,7 +265,7 @@ class Engine:
             logger.warning("CUDA graphs off: %s synchronise with the host in decode", ", ".join(unsafe))
             return None
         max_bs = self.args.cuda_graph_max_bs or self.pool.max_running
-        runner = DecodeGraphRunner(self.model, self.pool, self.max_seq_len, max_bs)
+        runner = DecodeGraphRunner(self._forward, self.pool, self.max_seq_len, max_bs)
         logger.info("captured decode CUDA graphs for batch sizes %s", runner.buckets)
         return runner
 
@@ -231,6 +275,18 @@ class Engine:
     @torch.inference_mode()
     def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [R, V] of the flat token rows `rows` (default: each request's last token, [B, V])."""
+        if self.followers is not None:
+            self.followers.send(TpStep(self.pool.take_ops(), batch.prefix_lens, batch.extend_lens, batch.slot_ids,
+                                       None if rows is None else rows.numel()))
         if rows is None and self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
-        return self.model(batch, self.pool, rows)
+        return self._forward(batch, self.pool, rows)
+
+    def _forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The step every TP rank runs (and a decode graph captures): rank 0's input ids (and logit
+        rows), then the model."""
+        if self.parallel.tp_size > 1:
+            broadcast_from_leader(batch.input_ids, self.parallel)
+            if rows is not None:
+                broadcast_from_leader(rows, self.parallel)
+        return self.model(batch, pool, rows)

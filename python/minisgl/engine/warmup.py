@@ -85,10 +85,13 @@ def mixed_shapes(decode_rows: int, chunk: int, max_len: int) -> list[StepShape]:
 
 
 def warmup_params() -> list[SamplingParams]:
-    """The sampler's branches: greedy and filtered random sampling."""
+    """The sampler's branches: greedy and filtered random sampling, each with the logit
+    adjustments (bias, min_tokens, penalties and their token history), so the measured step holds
+    every buffer sampling can take."""
     return [
-        SamplingParams(temperature=0.0, max_tokens=1),
-        SamplingParams(temperature=0.7, top_p=0.9, top_k=40, max_tokens=1),
+        SamplingParams(temperature=0.0, max_tokens=2, min_tokens=1, repetition_penalty=1.1, logit_bias={0: 1.0}),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.5,
+                       max_tokens=1),
     ]
 
 

@@ -68,7 +68,7 @@ def fp8_linear(
     backend = backend or chosen.backend
     tile = tile or chosen.tile or REGIMES[-1].tile
     xq, xs = quantize_activations(x2)
-    if backend == "cublas" and cublas_fits(weight, scale_inv) and cublas_block_scaling(x.device) is None:
+    if backend == "cublas" and cublas_fits(weight, scale_inv, m) and cublas_block_scaling(x.device) is None:
         out = gemm_cublas(xq, xs, weight, scale_inv, x.dtype)
     elif backend in ("tiled", "cublas"):
         out = gemm_tiled(xq, xs, weight, scale_inv, x.dtype, tile)

@@ -1,31 +1,45 @@
-"""Full attention with per-head q/k norm, partial RoPE and (Qwen3.5) a sigmoid output gate."""
+"""Full attention with per-head q/k norm, partial RoPE and (Qwen3.5) a sigmoid output gate.
+
+Under TP a rank holds its query heads (column-parallel q_proj, gate rows included), the KV heads
+they read (split, or replicated when there are fewer KV heads than ranks) and the matching
+columns of o_proj, whose partial sums are the mixer's one all-reduce."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from minisgl.attention.paged_kv import PagedKV
-from minisgl.layers.linear import Linear
+from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
+from minisgl.parallel.collectives import all_reduce
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backend: object) -> None:
+    def __init__(
+        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backend: object,
+        parallel: ParallelConfig = SINGLE,
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        self.parallel = parallel
         self.head_dim = d = config.head_dim
         self.gated = config.attn_output_gate
-        h = config.hidden_size
-        # With the gate, each head's q_proj rows are [query (d), gate (d)].
-        self.q_proj = Linear(h, self.num_heads * d * (2 if self.gated else 1))
-        self.k_proj = Linear(h, self.num_kv_heads * d)
-        self.v_proj = Linear(h, self.num_kv_heads * d)
-        self.o_proj = Linear(self.num_heads * d, h)
+        h, q_rows = config.hidden_size, d * (2 if self.gated else 1)  # with the gate: [query (d), gate (d)] per head
+        full_q, full_kv = config.num_heads, config.num_kv_heads
+        sharded = parallel.tp_size > 1
+        h0, h1 = parallel.part(full_q)
+        k0, k1 = parallel.kv_head_range(full_kv)
+        self.num_heads, self.num_kv_heads = h1 - h0, k1 - k0
+        q_range = ((h0 * q_rows, h1 * q_rows),) if sharded else ()
+        kv_range = ((k0 * d, k1 * d),) if sharded else ()
+        self.q_proj = column_parallel(h, full_q * q_rows, *q_range)
+        self.k_proj = column_parallel(h, full_kv * d, *kv_range)
+        self.v_proj = column_parallel(h, full_kv * d, *kv_range)
+        self.o_proj = row_parallel(full_q * d, h, *(((h0 * d, h1 * d),) if sharded else ()))
         self.q_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary = rotary
@@ -47,4 +61,4 @@ class Attention(nn.Module):
         o = self.backend.forward(q, k, v, kv, ctx.batch, d**-0.5).reshape(t, self.num_heads * d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
-        return self.o_proj(o)
+        return all_reduce(self.o_proj(o), self.parallel)

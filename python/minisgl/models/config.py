@@ -1,6 +1,10 @@
 """HF `config.json` -> ModelConfig, for the architectures minisgl runs.
 
-Everything the engine needs is resolved here once, so no other module reads raw HF configs.
+Everything the engine needs is resolved here once, so no other module reads raw HF configs. Each
+field is read as HF transformers' own config classes and modeling code read it (5.x): where a
+config leaves a field out, HF's default applies (or the config is refused, with the field named);
+where HF's modeling ignores a field, a value that would make minisgl compute something else is
+refused with a message rather than honoured differently.
 """
 from __future__ import annotations
 
@@ -18,6 +22,13 @@ _SUPPORTED = {
     "qwen3_5_moe_text": "qwen3_5_moe",
     "qwen3_moe": "qwen3_moe",
 }
+
+
+# HF's defaults for fields a config may leave out (transformers 5.x config classes).
+_DEFAULT_ROPE_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
+_QWEN35_HEAD_DIM = 256  # Qwen3_5MoeTextConfig.head_dim
+_QWEN35_PARTIAL_ROTARY = 0.25  # set by Qwen3_5MoeTextConfig.__post_init__
+_QWEN35_FULL_ATTENTION_INTERVAL = 4
 
 
 class ConfigError(ValueError):
@@ -94,16 +105,24 @@ def _require(cfg: dict[str, Any], key: str, where: str) -> Any:
     return cfg[key]
 
 
-def _rope(text: dict[str, Any], head_dim: int, where: str) -> tuple[float, int]:
-    rope = text.get("rope_parameters") or {}
-    scaling = text.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+def _rope(text: dict[str, Any], head_dim: int, arch: str, where: str) -> tuple[float, int]:
+    """(theta, rotary dim). HF takes a legacy rope_scaling dict instead of rope_parameters when
+    present, then each value from the dict, else the top level, else its default."""
+    rope = text.get("rope_scaling") or text.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ConfigError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
-    theta = rope.get("rope_theta", text.get("rope_theta"))
-    if theta is None:
-        raise ConfigError(f"{where}: missing required field 'rope_parameters.rope_theta'")
-    factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    theta = rope.get("rope_theta", text.get("rope_theta", _DEFAULT_ROPE_THETA))
+    factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor"))
+    if arch == "qwen3_moe":
+        if factor not in (None, 1, 1.0):
+            raise ConfigError(
+                f"{where}: partial_rotary_factor {factor} on Qwen3-MoE: transformers' Qwen3-MoE rotates the "
+                f"whole head and ignores it, so the checkpoint's meaning is ambiguous; remove it or set 1.0"
+            )
+        factor = 1.0
+    elif factor is None:
+        factor = _QWEN35_PARTIAL_ROTARY
     rotary_dim = int(head_dim * factor)
     if rotary_dim % 2:
         raise ConfigError(f"{where}: rotary dim {rotary_dim} must be even")
@@ -113,7 +132,7 @@ def _rope(text: dict[str, Any], head_dim: int, where: str) -> tuple[float, int]:
 def _layer_types(text: dict[str, Any], num_layers: int, where: str) -> tuple[str, ...]:
     types = text.get("layer_types")
     if types is None:
-        interval = _require(text, "full_attention_interval", where)
+        interval = text.get("full_attention_interval", _QWEN35_FULL_ATTENTION_INTERVAL)
         types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers)]
     if len(types) != num_layers:
         raise ConfigError(f"{where}: layer_types has {len(types)} entries for {num_layers} layers")
@@ -168,8 +187,15 @@ def parse_config(raw: dict[str, Any], model_dir: str | None = None) -> ModelConf
     hidden = req("hidden_size")
     num_layers = req("num_hidden_layers")
     num_heads = req("num_attention_heads")
-    head_dim = text.get("head_dim") or hidden // num_heads
-    theta, rotary_dim = _rope(text, head_dim, where)
+    # Qwen3.5's config class declares head_dim (default 256); Qwen3-MoE's modeling falls back to hidden / heads.
+    head_dim = text.get("head_dim", _QWEN35_HEAD_DIM if arch == "qwen3_5_moe" else hidden // num_heads)
+    if not isinstance(head_dim, int) or head_dim < 1:
+        raise ConfigError(f"{where}: head_dim must be a positive integer, got {head_dim!r}")
+    theta, rotary_dim = _rope(text, head_dim, arch, where)
+    if text.get("attention_bias", False):
+        raise ConfigError(f"{where}: attention_bias true (biased q/k/v/o projections) is not supported")
+    if text.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{where}: hidden_act {text['hidden_act']!r} is not supported (only 'silu')")
     dtype = text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
     common = dict(
         arch=arch,
@@ -184,7 +210,8 @@ def parse_config(raw: dict[str, Any], model_dir: str | None = None) -> ModelConf
         rope_theta=theta,
         rotary_dim=rotary_dim,
         max_position_embeddings=req("max_position_embeddings"),
-        num_experts=req("num_experts"),
+        # transformers 5.x writes Qwen3-MoE's expert count as num_local_experts (num_experts is an alias).
+        num_experts=text["num_experts"] if "num_experts" in text else req("num_local_experts"),
         top_k=req("num_experts_per_tok"),
         moe_intermediate_size=req("moe_intermediate_size"),
         dtype=str(dtype),
@@ -203,15 +230,21 @@ def parse_config(raw: dict[str, Any], model_dir: str | None = None) -> ModelConf
             shared_expert_intermediate_size=0,
             norm_topk_prob=bool(text.get("norm_topk_prob", False)),
         )
+    # transformers' Qwen3.5 always gates attention and renormalises the top-k router weights,
+    # whatever these fields say: a config that says otherwise cannot mean what HF computes.
     if text.get("attn_output_gate", True) is not True:
         raise ConfigError(f"{where}: Qwen3.5 without the attention output gate is not supported")
+    if text.get("norm_topk_prob", True) is not True:
+        raise ConfigError(
+            f"{where}: norm_topk_prob false on Qwen3.5: transformers' Qwen3.5 always renormalises the top-k "
+            f"router weights and ignores the field; remove it or set true"
+        )
     return ModelConfig(
         **common,
         layer_types=_layer_types(text, num_layers, where),
         attn_output_gate=True,
         shared_expert_intermediate_size=req("shared_expert_intermediate_size"),
-        # Qwen3.5 always renormalises the top-k probabilities; the field is honoured when present.
-        norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+        norm_topk_prob=True,
         linear_num_key_heads=req("linear_num_key_heads"),
         linear_num_value_heads=req("linear_num_value_heads"),
         linear_key_head_dim=req("linear_key_head_dim"),

@@ -1,40 +1,57 @@
 """Gated DeltaNet token mixer: projections, causal conv, gated delta rule, gated RMSNorm, out_proj.
 
 Per-request conv and SSM state live in the StatePool and are updated in place by the backend.
-"""
+Under TP a rank holds its key heads and their value heads: its q, k and v rows of in_proj_qkv
+(three ranges of the fused weight) and the same conv channels, its rows of in_proj_z/a/b, A_log
+and dt_bias, and the matching columns of out_proj, whose partial sums are the mixer's one
+all-reduce; its state pool holds only its channels and heads."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from minisgl.gdn.delta_inputs import DeltaInputs
-from minisgl.layers.linear import Linear
+from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
+from minisgl.parallel.collectives import all_reduce
+from minisgl.parallel.config import SINGLE, ParallelConfig
+from minisgl.parallel.shard import Shard
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: object) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, backend: object, parallel: ParallelConfig = SINGLE) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_k_heads = config.linear_num_key_heads
-        self.num_v_heads = config.linear_num_value_heads
-        self.k_dim = config.linear_key_head_dim
-        self.v_dim = config.linear_value_head_dim
-        h = config.hidden_size
-        self.in_proj_qkv = Linear(h, config.conv_dim)  # rows: q, k, v
-        self.in_proj_z = Linear(h, config.linear_value_dim)
-        self.in_proj_b = Linear(h, self.num_v_heads)
-        self.in_proj_a = Linear(h, self.num_v_heads)
+        self.parallel = parallel
+        self.k_dim = dk = config.linear_key_head_dim
+        self.v_dim = dv = config.linear_value_head_dim
+        full_k, full_v = config.linear_num_key_heads, config.linear_num_value_heads
+        k0, k1 = parallel.part(full_k)
+        v0, v1 = parallel.part(full_v)
+        self.num_k_heads, self.num_v_heads = k1 - k0, v1 - v0
+        h, kernel = config.hidden_size, config.linear_conv_kernel_dim
+        sharded = parallel.tp_size > 1
+        key_dim = full_k * dk
+        # The rank's channels of the fused [q | k | v] rows (and conv channels).
+        qkv = ((k0 * dk, k1 * dk), (key_dim + k0 * dk, key_dim + k1 * dk), (2 * key_dim + v0 * dv, 2 * key_dim + v1 * dv))
+        value_rows = ((v0 * dv, v1 * dv),) if sharded else ()
+        heads = ((v0, v1),) if sharded else ()
+        self.in_proj_qkv = column_parallel(h, config.conv_dim, *(qkv if sharded else ()))
+        self.in_proj_z = column_parallel(h, config.linear_value_dim, *value_rows)
+        self.in_proj_b = column_parallel(h, full_v, *heads)
+        self.in_proj_a = column_parallel(h, full_v, *heads)
+        conv_dim = self.in_proj_qkv.weight.shape[0]
         self.conv1d = nn.Module()
-        self.conv1d.weight = nn.Parameter(
-            torch.empty(config.conv_dim, 1, config.linear_conv_kernel_dim), requires_grad=False
-        )
+        self.conv1d.weight = nn.Parameter(torch.empty(conv_dim, 1, kernel), requires_grad=False)
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads), requires_grad=False)
+        if sharded:
+            self.conv1d.shards = {"weight": Shard.along((config.conv_dim, 1, kernel), 0, *qkv)}
+            self.shards = {name: Shard.along((full_v,), 0, *heads) for name in ("A_log", "dt_bias")}
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
-        self.out_proj = Linear(config.linear_value_dim, h)
+        self.out_proj = row_parallel(config.linear_value_dim, h, *value_rows)
         self.backend = backend
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -57,4 +74,4 @@ class GatedDeltaNet(nn.Module):
             o = self.backend.delta_prefill(inp, batch.cu_seqlens, ssm_state, batch.slots)
         z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
         o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
-        return self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim))
+        return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)

@@ -40,7 +40,10 @@ def _hold_fp8(model: nn.Module, device: torch.device, quant: QuantConfig) -> Non
             out_features, in_features = module.weight.shape
             parent, _, child = name.rpartition(".")
             with torch.device(device):
-                setattr(model.get_submodule(parent), child, Fp8Linear(in_features, out_features, quant.block))
+                fp8 = Fp8Linear(in_features, out_features, quant.block)
+            if hasattr(module, "shards"):  # a TP rank's part of the checkpoint's weight (and so of its scales)
+                fp8.shards = module.shards
+            setattr(model.get_submodule(parent), child, fp8)
         elif isinstance(module, ExpertWeights):
             module.hold_fp8(quant.block, device)
 

@@ -2,7 +2,9 @@
 Qwen3-MoE runs on the same definition (all layers full attention; see models/registry.py).
 
 The one model definition for every mode: the MoE block is injected (`mlp_factory`), so colocated
-runs use LocalMoE and an AFD attention worker a remote block, with no twin model.
+runs use LocalMoE and an AFD attention worker a remote block, with no twin model. Tensor
+parallelism is the same definition too: `parallel` says which rank this is, and each layer holds
+its rank's share (see models/sharding.py); the vocabulary-parallel logits are gathered here.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from torch import nn
 
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.layers.embedding import Embedding
-from minisgl.layers.linear import Linear
+from minisgl.layers.linear import column_parallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.forward_batch import ForwardBatch
@@ -22,11 +24,13 @@ from minisgl.models.config import FULL_ATTENTION, ModelConfig
 from minisgl.models.context import Backends, ForwardContext
 from minisgl.models.gdn_mixer import GatedDeltaNet
 from minisgl.moe.local_moe import LocalMoE
+from minisgl.parallel.collectives import gather_last_dim
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 MlpFactory = Callable[[int], nn.Module]
 
 
-def local_moe_factory(config: ModelConfig, backends: Backends) -> MlpFactory:
+def local_moe_factory(config: ModelConfig, backends: Backends, parallel: ParallelConfig = SINGLE) -> MlpFactory:
     def make(layer_id: int) -> nn.Module:
         return LocalMoE(
             config.hidden_size,
@@ -36,6 +40,7 @@ def local_moe_factory(config: ModelConfig, backends: Backends) -> MlpFactory:
             config.shared_expert_intermediate_size,
             config.norm_topk_prob,
             backends.moe,
+            parallel,
         )
 
     return make
@@ -43,14 +48,15 @@ def local_moe_factory(config: ModelConfig, backends: Backends) -> MlpFactory:
 
 class Qwen3_5MoeDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backends: Backends, mlp: nn.Module
+        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backends: Backends, mlp: nn.Module,
+        parallel: ParallelConfig = SINGLE,
     ) -> None:
         super().__init__()
         self.is_full = config.layer_types[layer_id] == FULL_ATTENTION
         if self.is_full:
-            self.self_attn = Attention(config, layer_id, rotary, backends.attention)
+            self.self_attn = Attention(config, layer_id, rotary, backends.attention, parallel)
         else:
-            self.linear_attn = GatedDeltaNet(config, layer_id, backends.gdn)
+            self.linear_attn = GatedDeltaNet(config, layer_id, backends.gdn, parallel)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.mlp = mlp
@@ -66,17 +72,23 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, backends: Backends, mlp_factory: MlpFactory | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, backends: Backends, mlp_factory: MlpFactory | None = None,
+        parallel: ParallelConfig = SINGLE,
+    ) -> None:
         super().__init__()
         self.config = config
-        make_mlp = mlp_factory or local_moe_factory(config, backends)
+        self.parallel = parallel
+        make_mlp = mlp_factory or local_moe_factory(config, backends, parallel)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(
-            Qwen3_5MoeDecoderLayer(config, i, self.rotary, backends, make_mlp(i)) for i in range(config.num_layers)
+            Qwen3_5MoeDecoderLayer(config, i, self.rotary, backends, make_mlp(i), parallel)
+            for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        vocab = (parallel.part(config.vocab_size),) if parallel.tp_size > 1 else ()
+        self.lm_head = None if config.tie_word_embeddings else column_parallel(config.hidden_size, config.vocab_size, *vocab)
 
     def embed(self, batch: ForwardBatch, pool: HybridPool) -> tuple[torch.Tensor, ForwardContext]:
         x = self.embed_tokens(batch.input_ids)
@@ -89,7 +101,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         x = x[batch.logit_idx if rows is None else rows]
         x = self.norm(x)
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(x, head).float()
+        return gather_last_dim(torch.nn.functional.linear(x, head), self.parallel).float()
 
     def forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:
         x, ctx = self.embed(batch, pool)

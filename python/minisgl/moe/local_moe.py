@@ -1,6 +1,11 @@
 """The colocated MoE block: router, local experts and the optional gated shared expert.
 
 Decoder layers only call `mlp(x)`; an attention worker swaps in a remote block with the same call.
+
+Under TP (and EP over the same ranks) every rank sees every token: the router runs whole on each
+rank, the rank computes its experts' rows (its EP group's experts, its slice of their intermediate
+dim) and its slice of the shared expert, and the partial sums meet in the block's one all-reduce.
+No token exchange is needed: the all-reduce that TP needs anyway combines the experts' outputs.
 """
 from __future__ import annotations
 
@@ -9,35 +14,46 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
-from minisgl.layers.linear import Linear
+from minisgl.layers.linear import Linear, column_parallel, row_parallel
 from minisgl.moe.router import route
+from minisgl.parallel.collectives import all_reduce
+from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
 class SharedExpert(nn.Module):
-    """SwiGLU MLP whose output is scaled by sigmoid(x · shared_expert_gate)."""
+    """SwiGLU MLP whose output is scaled by sigmoid(x · shared_expert_gate). Under TP a rank holds
+    its slice of the intermediate dim; its output is then a partial sum."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, parallel: ParallelConfig = SINGLE) -> None:
         super().__init__()
-        self.gate_proj = Linear(hidden, intermediate)
-        self.up_proj = Linear(hidden, intermediate)
-        self.down_proj = Linear(intermediate, hidden)
+        part = (parallel.part(intermediate),) if parallel.tp_size > 1 else ()
+        self.gate_proj = column_parallel(hidden, intermediate, *part)
+        self.up_proj = column_parallel(hidden, intermediate, *part)
+        self.down_proj = row_parallel(intermediate, hidden, *part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class ExpertWeights(nn.Module):
-    """Experts [start, start + count) in the fused layout, whatever the checkpoint's layout.
+    """Experts [start, start + count) in the fused layout, whatever the checkpoint's layout, each
+    holding rows [i0, i1) of its `intermediate`-wide gate and up projections and those columns of
+    its down projection (the whole expert unless TP splits it).
 
     BF16 by default; `hold_fp8` switches to the FP8 checkpoints' storage (float8_e4m3fn plus block
     scales `*_scale_inv`), with gate and up scaled as the two separate matrices they are on disk."""
 
-    def __init__(self, start: int, count: int, hidden: int, intermediate: int) -> None:
+    def __init__(
+        self, start: int, count: int, hidden: int, intermediate: int, inter_range: tuple[int, int] | None = None
+    ) -> None:
         super().__init__()
         self.start = start
         self.count = count
-        self.gate_up_proj = nn.Parameter(torch.empty(count, 2 * intermediate, hidden), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(count, hidden, intermediate), requires_grad=False)
+        self.intermediate = intermediate
+        self.inter_range = inter_range or (0, intermediate)
+        local = self.inter_range[1] - self.inter_range[0]
+        self.gate_up_proj = nn.Parameter(torch.empty(count, 2 * local, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(count, hidden, local), requires_grad=False)
         self.gate_up_proj_scale_inv: nn.Parameter | None = None
         self.down_proj_scale_inv: nn.Parameter | None = None
 
@@ -62,6 +78,11 @@ class ExpertWeights(nn.Module):
             return {}
         return {"gate_up_scale": self.gate_up_proj_scale_inv, "down_scale": self.down_proj_scale_inv}
 
+    def local_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Global expert ids [T, k] (-1 = padding) -> indices into these experts, -1 for the others."""
+        local = ids - self.start
+        return torch.where((ids >= 0) & (local >= 0) & (local < self.count), local, -1)
+
 
 class LocalMoE(nn.Module):
     def __init__(
@@ -73,24 +94,32 @@ class LocalMoE(nn.Module):
         shared_intermediate: int,
         renormalize: bool,
         experts_backend: object,
+        parallel: ParallelConfig = SINGLE,
     ) -> None:
         super().__init__()
         self.top_k = top_k
         self.renormalize = renormalize
+        self.parallel = parallel
         self.gate = Linear(hidden, num_experts)
-        self.experts = ExpertWeights(0, num_experts, hidden, intermediate)
+        start, end = parallel.expert_range(num_experts)
+        self.all_experts = end - start == num_experts
+        self.experts = ExpertWeights(
+            start, end - start, hidden, intermediate, parallel.moe_intermediate_range(intermediate)
+        )
         self.backend = experts_backend
         self.shared_expert: SharedExpert | None = None
         self.shared_expert_gate: Linear | None = None
         if shared_intermediate:  # 0 = the model has no shared expert (Qwen3-MoE)
-            self.shared_expert = SharedExpert(hidden, shared_intermediate)
+            self.shared_expert = SharedExpert(hidden, shared_intermediate, parallel)
             self.shared_expert_gate = Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        if not self.all_experts:
+            ids = self.experts.local_ids(ids)
         out = self.backend.forward(
             x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales()
         )
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        return all_reduce(out, self.parallel)

@@ -28,6 +28,7 @@ def validate_request(
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
+    params.check_vocab(vocab_size)
 
 
 def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) -> None:
@@ -35,7 +36,8 @@ def check_finish(r: Request, tok: int, eos: frozenset[int], max_seq_len: int) ->
     p = r.params
     if tok in p.stop_token_ids or (not p.ignore_eos and tok in eos):
         r.finish_reason, r.matched_stop = FINISH_STOP, tok
-    elif r.stop_checker is not None and (hit := r.stop_checker.push(tok)) is not None:
+    # Stop strings count only once the output is past min_tokens (vLLM's rule), but the text grows regardless.
+    elif r.stop_checker is not None and (hit := r.stop_checker.push(tok, len(r.output_ids) > p.min_tokens)) is not None:
         r.finish_reason, r.matched_stop = FINISH_STOP, hit
     elif len(r.output_ids) >= p.max_tokens or len(r.prompt_ids) + len(r.output_ids) >= max_seq_len:
         r.finish_reason = FINISH_LENGTH

@@ -21,7 +21,7 @@ import torch
 
 from minisgl.engine import compile_watch
 from minisgl.engine.engine import Engine
-from minisgl.engine.sampler import sample_tensor
+from minisgl.engine.sampler import Sampler
 from minisgl.host_copy import to_device
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
@@ -95,6 +95,7 @@ class Scheduler:
         self._inflight: _Step | None = None
         self._integrity_checks = 0
         self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.args.seed)
+        self.sampler = Sampler(engine.config.vocab_size, engine.device, self.eos, self.pool.max_running)
 
     # -- admission ------------------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -145,7 +146,8 @@ class Scheduler:
         self._integrity_checks += 1
 
     def close(self) -> None:
-        """Nothing to release: the engine lives and dies with this process."""
+        """Stop the engine's TP followers, if it has any (the engine itself lives and dies with this process)."""
+        self.engine.close()
 
     # -- one step -------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -191,8 +193,12 @@ class Scheduler:
         if not items:
             return None
         tokens = [self._input_tokens(r, n) for r, n in items]
-        for r, n in items:
+        for (r, n), toks in zip(items, tokens):
             self.pool.ensure_tokens(r.slot, r.num_computed + n)
+            if r.num_computed == 0:
+                self.sampler.add(r.slot, r.params, r.generator)
+            if not r.prefill_done:
+                self.sampler.see_prompt(r.slot, toks)
         batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items])
         pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
         if pending:
@@ -210,9 +216,7 @@ class Scheduler:
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
         scored = [r for r, _ in items if r.prefill_done and r.params.max_tokens == 0]
-        sampled_tokens = sample_tensor(
-            logits[sample_rows], [r.params for r in sampled], [r.generator for r in sampled]
-        )
+        sampled_tokens = self.sampler.sample(logits[sample_rows], [r.slot for r in sampled])
         for row, r in enumerate(sampled):
             r.num_pending += 1
             r.pending_row = row
@@ -265,6 +269,7 @@ class Scheduler:
 
     def _release(self, r: Request) -> None:
         self.running.remove(r)
+        self.sampler.remove(r.slot)
         self.pool.free(r.slot)
         r.slot = None
         self._forget(r)

@@ -15,6 +15,13 @@ class IncrementalDecoder(Protocol):
 DecoderFactory = Callable[[bool], IncrementalDecoder]  # skip_special_tokens -> a fresh decoder
 
 
+def first_stop(text: str, stops: Sequence[str], new_from: int) -> tuple[int, str] | None:
+    """The earliest (index, stop) among occurrences that end past text[new_from:]'s start, i.e.
+    that were not complete in text[:new_from]; None if there is none."""
+    hits = [(i, s) for s in stops if (i := text.find(s, max(0, new_from - len(s) + 1))) >= 0]
+    return min(hits) if hits else None
+
+
 class StopChecker:
     """Keeps only the last (longest stop - 1) characters, so each token costs O(stop length)."""
 
@@ -24,12 +31,12 @@ class StopChecker:
         self.decoder = decoder
         self.tail = ""
 
-    def push(self, token_id: int) -> str | None:
-        """The stop string that now appears first in the text, if any."""
+    def push(self, token_id: int, detect: bool = True) -> str | None:
+        """The stop string that the new text completes first, if any (always None without detect)."""
         delta = self.decoder.push([token_id])
         if not delta:
             return None
         window = self.tail + delta
-        hits = [(i, s) for s in self.stops if (i := window.find(s)) >= 0]
+        hit = first_stop(window, self.stops, len(self.tail)) if detect else None
         self.tail = window[-self.keep :] if self.keep else ""
-        return min(hits)[1] if hits else None
+        return hit[1] if hit else None

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.server.reasoning import REASONING_PARSERS
+from minisgl.server.tool_parser import TOOL_PARSERS
+
 
 @dataclass(frozen=True)
 class ServerArgs:
@@ -12,6 +15,9 @@ class ServerArgs:
     watchdog_timeout: float = 300.0  # seconds one step may take before the engine counts as hung
     startup_timeout: float = 1800.0  # seconds to wait for the engine to load the model
     log_level: str = "info"
+    reasoning_parser: str | None = None  # "qwen3": <think> blocks -> reasoning_content
+    tool_call_parser: str | None = None  # "qwen3_coder": Qwen3.5 XML tool calls -> tool_calls
+    generation_config: str = "auto"  # sampling defaults: "auto" (the model's), "ignore", or a folder
     api_key: str | None = None  # Bearer key for /v1/* and the admin routes; None = open
     max_queued_requests: int | None = 1024  # choices that may wait beyond the engine's running slots; None = no limit
     max_request_body_bytes: int = 16 << 20
@@ -21,6 +27,10 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for flag, value, names in (("--reasoning-parser", self.reasoning_parser, REASONING_PARSERS),
+                                   ("--tool-call-parser", self.tool_call_parser, TOOL_PARSERS)):
+            if value is not None and value not in names:
+                raise ValueError(f"{flag} {value!r} is not one of {', '.join(names)}")
         if self.watchdog_timeout <= 0 or self.startup_timeout <= 0 or self.body_read_timeout <= 0:
             raise ValueError("watchdog_timeout, startup_timeout and body_read_timeout must be positive")
         if self.api_key is not None and not self.api_key.strip():

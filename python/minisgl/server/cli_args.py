@@ -23,8 +23,17 @@ _HELP = {
     "mem_fraction_static": "GPU: share of the memory left after the weights and the measured activation peak "
                            "that the pool (state slots, KV pages) takes (default 0.95)",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph (default: --max-running-requests)",
+    "tp_size": "tensor-parallel ranks: the model sharded over this many GPUs of the node, one process each",
+    "ep_size": "expert-parallel groups over the TP ranks (divides --tp-size): each group owns num_experts / ep_size "
+               "experts, each expert split over tp_size / ep_size ranks",
+    "attn_tp_size": "tensor-parallel ranks (GPUs) of each attention lane; only each lane's rank 0 talks to the "
+                    "expert workers",
     "served_model_name": "the model name clients send (default: the model path)",
     "watchdog_timeout": "seconds one step may take before the engine counts as hung and is stopped",
+    "reasoning_parser": "qwen3: the <think> block of chat answers goes to reasoning_content",
+    "tool_call_parser": "qwen3_coder: enables tools in chat; Qwen3.5 XML tool calls go to tool_calls",
+    "generation_config": "sampling defaults for requests that leave fields unset: auto (the model's "
+                         "generation_config.json), ignore (or vllm: none), or a folder holding one",
     "api_key": "require `Authorization: Bearer KEY` on /v1/* and the admin routes (/health, /metrics stay open)",
     "max_queued_requests": "choices that may wait beyond the running slots; more get 503 with Retry-After "
                            "(default: %(default)s)",

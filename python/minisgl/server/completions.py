@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from minisgl.scheduler.io import FINISH_LENGTH, RequestOutput
 from minisgl.server.openai_types import MAX_CHOICES, CompletionRequest
+from minisgl.server.sampling import requested_max_tokens
 from minisgl.server.serving import (
     ApiError,
     Choice,
@@ -64,7 +65,7 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
                              "choices": choices, "usage": usage(prompt_tokens, 0)})
     states: dict[str, _State] = {}
     for i, (text, ids) in enumerate(prompts):
-        max_tokens = ctx.max_tokens(len(ids), body.max_tokens)
+        max_tokens = ctx.max_tokens(len(ids), requested_max_tokens(body, ctx.defaults))
         for j in range(body.n):
             index = i * body.n + j
             params = ctx.sampling_params(body, max_tokens, body.logprobs, prompt_logprobs, j)

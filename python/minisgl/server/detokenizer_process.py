@@ -23,7 +23,7 @@ class Detokenizer:
 
     def convert(self, batch: TokenBatch) -> TextBatch:
         for rid, spec in batch.specs:
-            self.streams[rid] = TextStream(self.tokenizer, spec.skip_special_tokens, spec.stop)
+            self.streams[rid] = TextStream(self.tokenizer, spec.skip_special_tokens, spec.stop, spec.min_tokens)
         return TextBatch(tuple(self._one(o) for o in batch.outputs))
 
     def _one(self, o: RequestOutput) -> RequestOutput:

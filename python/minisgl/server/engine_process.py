@@ -53,7 +53,7 @@ class EngineLoop:
             except ValueError as e:
                 self._rejected.append(RequestOutput(msg.rid, finish_reason=FINISH_ABORT, error=str(e)))
                 return
-            self._specs[msg.rid] = DetokSpec(msg.params.skip_special_tokens, msg.params.stop)
+            self._specs[msg.rid] = DetokSpec(msg.params.skip_special_tokens, msg.params.stop, msg.params.min_tokens)
         elif isinstance(msg, AbortRequest):
             self.sched.abort(msg.rid)
         else:

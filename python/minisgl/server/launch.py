@@ -21,6 +21,7 @@ import uvicorn
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import with_model_path
+from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.server.admission import Admission
 from minisgl.server.app import build_app
@@ -54,6 +55,8 @@ def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: Serve
     name = server_args.served_model_name or engine_args.model_path or TINY_MODEL_NAME
     engine_args = with_model_path(engine_args)
     model_path = engine_args.model_path
+    defaults = load_sampling_defaults(model_path, server_args.generation_config)
+    logger.info("%s", defaults.describe())
     spawn = mp.get_context("spawn")  # fork would copy the API server's sockets and threads
     with tempfile.TemporaryDirectory(prefix="minisgl-ipc-") as ipc_dir:
         addrs = Addresses.in_dir(ipc_dir)
@@ -74,7 +77,8 @@ def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: Serve
                 client = EngineClient(addrs, procs, server_args.watchdog_timeout, metrics.on_stats,
                                       metrics.on_engine_dead)
                 admission = Admission(client, server_args.max_queued_requests, server_args.max_logprob_entries)
-                return ServingContext(client, tokenizer, name, metrics, admission)
+                return ServingContext(client, tokenizer, name, metrics, admission, defaults,
+                                      server_args.reasoning_parser, server_args.tool_call_parser)
 
             app = build_app(make_context, server_args)
             uvicorn.run(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,

@@ -31,6 +31,7 @@ class DetokSpec:
 
     skip_special_tokens: bool
     stop: tuple[str, ...]
+    min_tokens: int = 0  # stop strings may not end in these first tokens' text
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,21 @@
-"""Request bodies of the OpenAI-compatible API (with vLLM/SGLang's common extensions: top_k,
-stop_token_ids, ignore_eos, skip_special_tokens, prompt_logprobs, return_token_ids). Unknown fields are ignored, as
-vLLM does. Responses are built as plain dicts in responses.py."""
+"""Request bodies of the OpenAI-compatible API (with vLLM/SGLang's common extensions: top_k, min_p,
+repetition_penalty, min_tokens, stop_token_ids, ignore_eos, skip_special_tokens, prompt_logprobs,
+return_token_ids, chat_template_kwargs). Unknown fields are kept in model_extra and logged, as vLLM
+does. Responses are built as plain dicts in responses.py."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from minisgl.sampling_params import MAX_LOGPROBS
+from minisgl.sampling_params import MAX_LOGPROBS, MAX_PENALTY
 
 MAX_N = 128  # choices per prompt
 MAX_CHOICES = 1024  # choices per request, over a batch of prompts
 # The schema states the minimum lengths the server enforces: no empty prompt, no empty message list.
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]+$")]  # JSON object keys are strings: a token id in decimal
 
 
 # Strict: a value of the wrong JSON type is refused, as the schema says, never coerced ("1" -> 1, 0 -> false).
@@ -27,7 +29,7 @@ class StreamOptions(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(STRICT, extra="ignore")
+    model_config = ConfigDict(STRICT, extra="allow")  # unknown fields are logged, never silently dropped
 
     model: str | None = None  # None = the served model
     n: int = Field(1, ge=1, le=MAX_N)
@@ -43,16 +45,17 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     return_token_ids: bool = False  # vLLM: token_ids per choice, prompt_token_ids once
-    # Accepted for compatibility; anything but the neutral value is rejected with a message.
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    min_p: float = Field(0.0, ge=0, le=1)
+    repetition_penalty: float = Field(1.0, gt=0)
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    min_tokens: int = Field(0, ge=0)
+    logit_bias: dict[TokenIdKey, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    user: str | None = None  # the caller's end-user id: informational
 
     def unsupported(self) -> list[str]:
         """Fields set to something this server does not implement."""
-        bad = [f for f in ("presence_penalty", "frequency_penalty") if getattr(self, f) != 0]
-        return bad + (["logit_bias"] if self.logit_bias else [])
+        return []
 
 
 class CompletionRequest(SamplingFields):
@@ -83,10 +86,13 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "none" | "auto" | "required" | a named function
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:
-        bad = super().unsupported() + (["tools"] if self.tools else [])
+        bad = super().unsupported()
         fmt = (self.response_format or {}).get("type", "text")
         return bad + ([f"response_format {fmt!r}"] if fmt != "text" else [])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.sampling_defaults import SamplingDefaults
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
 from minisgl.server.admission import Admission, check_text, response_id
@@ -25,9 +27,11 @@ from minisgl.server.errors import ApiError, error_body
 from minisgl.server.logprob_format import LogprobFormatter
 from minisgl.server.metrics import RequestTimer, ServerMetrics
 from minisgl.server.openai_types import SamplingFields
+from minisgl.server.sampling import request_sampling_params
 from minisgl.tokenizer.token_text import TokenTexts
 
 
+logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499  # (nginx's code) logged for a non-streaming request whose client left
 
 
@@ -53,12 +57,17 @@ class ServingContext:
         model_name: str,
         metrics: ServerMetrics,
         admission: Admission,
+        defaults: SamplingDefaults = SamplingDefaults(),
+        reasoning_parser: str | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.client = client
         self.admission = admission
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.metrics = metrics
+        self.defaults = defaults  # the checkpoint's generation_config sampling defaults
+        self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
         self.formatter = LogprobFormatter(TokenTexts(tokenizer))
 
     @property
@@ -78,6 +87,8 @@ class ServingContext:
         if bad:
             raise ApiError(400, f"not supported by this server: {', '.join(bad)}", bad[0])
         check_text(body)
+        if body.model_extra:
+            logger.warning("ignoring request fields this server does not know: %s", ", ".join(sorted(body.model_extra)))
 
     def check_prompt(self, ids: list[int]) -> None:
         info = self.info
@@ -102,24 +113,12 @@ class ServingContext:
                                 f"{requested} for the completion). Reduce the prompt or max_tokens.", "max_tokens")
         return requested
 
-    @staticmethod
     def sampling_params(
-        body: SamplingFields, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None, j: int
+        self, body: SamplingFields, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None, j: int
     ) -> SamplingParams:
         try:
-            return SamplingParams(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                top_k=-1 if body.top_k == 0 else body.top_k,
-                max_tokens=max_tokens,
-                stop=body.stop or (),
-                stop_token_ids=body.stop_token_ids or (),
-                ignore_eos=body.ignore_eos,
-                # n > 1 with a seed: each choice gets its own stream, all reproducible.
-                seed=None if body.seed is None else body.seed + j,
-                logprobs=logprobs,
-                prompt_logprobs=prompt_logprobs,
-                skip_special_tokens=body.skip_special_tokens,
+            return request_sampling_params(
+                body, self.defaults, self.info.vocab_size, max_tokens, logprobs, prompt_logprobs, j
             )
         except ValueError as e:
             raise ApiError(400, str(e)) from None

@@ -1,11 +1,18 @@
-"""OpenAI chat messages -> the model's prompt text, via the checkpoint's chat template."""
+"""OpenAI chat messages (and tools) -> the model's prompt text, via the checkpoint's chat template."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import inspect
+import json
+from functools import lru_cache
+from typing import Any, Mapping, Sequence
 
+import jinja2
+import jinja2.meta
 from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# What apply_chat_template itself takes: template kwargs may not smuggle these in.
+_RESERVED = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {"messages"}
 
 
 def _text(content: str | Sequence[Any] | None, i: int) -> str:
@@ -21,18 +28,70 @@ def _text(content: str | Sequence[Any] | None, i: int) -> str:
     return "".join(texts)
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], **template_kwargs: Any) -> str:
-    """The prompt text for `messages`, ending with the assistant's turn opened. Raises ValueError."""
+def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls with each function's JSON-string arguments parsed into an
+    object, which is what templates render parameter by parameter."""
+    if not isinstance(calls, list):
+        raise ValueError(f"messages[{i}].tool_calls must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ValueError(f"messages[{i}].tool_calls[{j}].function.name is required")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args or "{}")
+            except json.JSONDecodeError as e:
+                raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments is not JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON object")
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
+
+
+def _message(m: dict[str, Any], i: int) -> dict[str, Any]:
+    role = m.get("role")
+    if role not in ROLES:
+        raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}")
+    out = {**m, "role": "system" if role == "developer" else role, "content": _text(m.get("content"), i)}
+    if m.get("tool_calls") is not None:
+        out["tool_calls"] = _tool_calls(m["tool_calls"], i)
+    return out
+
+
+@lru_cache(maxsize=8)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a chat template reads from its context."""
+    return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+
+
+def unused_template_kwargs(tokenizer: PreTrainedTokenizerBase, kwargs: Mapping[str, Any]) -> list[str]:
+    """The chat_template_kwargs this model's template never reads (they would change nothing)."""
+    used = template_variables(tokenizer.chat_template or "")
+    return sorted(k for k in kwargs if k not in used)
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt text for `messages`, ending with the assistant's turn opened. The developer role
+    is the system role; template_kwargs are the request's chat_template_kwargs. Raises ValueError."""
+    template_kwargs = dict(template_kwargs or {})
     if not messages:
         raise ValueError("messages must contain at least one message")
     if not tokenizer.chat_template:
         raise ValueError("this model has no chat template; use /v1/completions")
-    plain = []
-    for i, m in enumerate(messages):
-        if m.get("role") not in ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}")
-        plain.append({**m, "content": _text(m.get("content"), i)})
+    reserved = sorted(_RESERVED & set(template_kwargs))
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    plain = [_message(m, i) for i, m in enumerate(messages)]
     try:
-        return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        return tokenizer.apply_chat_template(
+            plain, tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
     except Exception as e:  # a template's own raise_exception(), or a jinja error: the messages are at fault
         raise ValueError(f"the chat template rejected these messages: {e}") from e

@@ -12,6 +12,8 @@ from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from minisgl.scheduler.stop import first_stop
+
 _INCOMPLETE = "\ufffd"
 
 
@@ -47,30 +49,37 @@ class IncrementalDetokenizer:
         return after[len(before) :]
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """text up to the first occurrence of any stop string (which is dropped, as OpenAI does)."""
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[: min(hits)] if hits else text
-
-
 class TextStream:
     """One request's output text as a stream of deltas.
 
     While the request runs, the last (longest stop - 1) characters are held back: they may turn
     out to begin a stop string, which must never reach the client. The scheduler finishes a
-    request as soon as a stop string is complete, so no earlier text can belong to one."""
+    request as soon as a stop string completes past its first min_tokens tokens, so the text is
+    cut at the first stop string that ends after those tokens' text (dropped, as OpenAI does)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, stops: Sequence[str]) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool, stops: Sequence[str], min_tokens: int = 0
+    ) -> None:
         self.decoder = IncrementalDetokenizer(tokenizer, skip_special_tokens)
         self.stops = tuple(stops)
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.text = ""
         self.sent = 0
+        self.unchecked_tokens = min_tokens  # tokens whose text no stop string may end in
+        self.checked_from = 0  # len(text) once those tokens were pushed
 
     def push(self, token_ids: Sequence[int], finished: bool) -> str:
+        if self.unchecked_tokens:
+            head, token_ids = token_ids[: self.unchecked_tokens], token_ids[self.unchecked_tokens :]
+            self.text += self.decoder.push(head)
+            self.unchecked_tokens -= len(head)
+            self.checked_from = len(self.text)
         self.text += self.decoder.push(token_ids)
         if finished:
-            self.text = cut_at_stop(self.text + self.decoder.flush(), self.stops)
+            self.text += self.decoder.flush()
+            hit = first_stop(self.text, self.stops, self.checked_from) if self.stops else None
+            if hit is not None:
+                self.text = self.text[: hit[0]]
             end = len(self.text)
         else:
             end = max(self.sent, len(self.text) - self.hold)

@@ -1,32 +1,26 @@
-"""Write tiny random-weight checkpoints in the exact on-disk layout of the official Qwen checkpoints.
+"""Tiny checkpoints in the exact on-disk layout of the official Qwen checkpoints: random ones for
+tests (make_tiny_model), the same layout holding trained weights (tiny_tensors with `given`), and
+the embedded default model (default_model_path: the trained one, see tiny_default.py).
 
-The weights are scaled so that a random model is far from degenerate: activations stay O(1) through
+The random weights are scaled so that a random model is far from degenerate: activations stay O(1) through
 the layers, routing is decisive and the logits spread over several units, so greedy decoding rarely
 sits on near-ties that would make engine-vs-reference comparisons flaky.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import re
-import shutil
-import tempfile
 import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from minisgl.layers.fp8 import quantize_block_fp8
 from minisgl.tools import tiny_model_configs as cfgs
-from minisgl.tools.tiny_tokenizer import build_tiny_tokenizer
+from minisgl.tools.tiny_checkpoint import to_disk, write_metadata, write_shards
+from minisgl.tools.tiny_default import trained_model_path
 
-FORMAT_VERSION = 1  # bump whenever the generated files change, so stale caches are not reused
 ARCHS = ("qwen3_5_moe", "qwen3_moe")
 _DEFAULT_LAYERS = {"qwen3_5_moe": 8, "qwen3_moe": 4}
-_NUM_SHARDS = 2
 # Projections that write into the residual stream are scaled down so each layer nudges the stream
 # instead of replacing it; this keeps the model's sensitivity to bf16 rounding close to 1x (with
 # gain 1 a 1e-4 weight perturbation moved the logits ~30x more, making comparisons flaky).
@@ -34,30 +28,48 @@ _OUT_GAIN = 0.3
 # logits = lm_head(unit-RMS hidden) have std ~_LM_HEAD_GAIN, so the softmax is peaked, not flat.
 _LM_HEAD_GAIN = 6.0
 
-# The projections that the official FP8 checkpoints store in float8; everything else stays bf16.
-_FP8_WEIGHT = re.compile(
-    r"\.(linear_attn\.(in_proj_qkv|in_proj_z|out_proj)|self_attn\.[qkvo]_proj"
-    r"|mlp\.experts\.\d+\.(gate|up|down)_proj|mlp\.shared_expert\.(gate|up|down)_proj)\.weight$"
-)
-
 
 _Named = tuple[str, torch.Tensor]
 
 
 class _Init:
-    """Random tensors keyed by (seed, name), so each tensor is independent of generation order."""
+    """Random tensors keyed by (seed, name), so each tensor is independent of generation order.
 
-    def __init__(self, seed: int) -> None:
+    `given` tensors (trained weights, keyed by their on-disk names) replace the draws of the same
+    name, so trained and random checkpoints come out of one layout."""
+
+    def __init__(self, seed: int, given: Mapping[str, torch.Tensor] | None = None) -> None:
         self.seed = seed
+        self.given = dict(given or {})
+        self.used: set[str] = set()
 
     def _gen(self, name: str) -> torch.Generator:
         return torch.Generator().manual_seed((self.seed * 0x9E3779B1 + zlib.crc32(name.encode())) % 2**63)
 
+    def _take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor | None:
+        t = self.given.get(name)
+        if t is not None:
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{name}: given shape {tuple(t.shape)}, the layout needs {shape}")
+            self.used.add(name)
+        return t
+
+    def check_all_used(self) -> None:
+        unused = sorted(set(self.given) - self.used)
+        if unused:
+            raise ValueError(f"given tensors that the layout has no place for: {unused}")
+
     def normal(self, name: str, shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=self._gen(name)) * std + mean
+        t = self._take(name, shape)
+        return t if t is not None else torch.randn(shape, generator=self._gen(name)) * std + mean
 
     def uniform(self, name: str, shape: tuple[int, ...], lo: float, hi: float) -> torch.Tensor:
-        return torch.rand(shape, generator=self._gen(name)) * (hi - lo) + lo
+        t = self._take(name, shape)
+        return t if t is not None else torch.rand(shape, generator=self._gen(name)) * (hi - lo) + lo
+
+    def log_uniform(self, name: str, shape: tuple[int, ...], lo: float, hi: float) -> torch.Tensor:
+        t = self._take(name, shape)
+        return t if t is not None else (torch.rand(shape, generator=self._gen(name)) * (hi - lo) + lo).log()
 
     def linear(self, name: str, out_f: int, in_f: int, gain: float = 1.0) -> _Named:
         return name, self.normal(name, (out_f, in_f), gain / math.sqrt(in_f))
@@ -103,7 +115,7 @@ def _qwen35_layer(init: _Init, p: str, c: dict, layer_type: str, fused: bool) ->
         yield init.linear(f"{a}.in_proj_a.weight", hv, h)
         conv = f"{a}.conv1d.weight"
         yield conv, init.normal(conv, (conv_dim, 1, kernel), 1 / math.sqrt(kernel))
-        yield f"{a}.A_log", init.uniform(f"{a}.A_log", (hv,), 1.0, 16.0).log()
+        yield f"{a}.A_log", init.log_uniform(f"{a}.A_log", (hv,), 1.0, 16.0)
         # softplus(a + dt_bias) with dt_bias in [-3, -1] keeps exp(g) away from 0, so the state carries over.
         yield f"{a}.dt_bias", init.uniform(f"{a}.dt_bias", (hv,), -3.0, -1.0)
         yield init.norm(f"{a}.norm.weight", dv, 1.0)  # plain w, not 1 + w
@@ -144,8 +156,7 @@ def _qwen3_moe_layer(init: _Init, p: str, c: dict) -> Iterator[_Named]:
     yield from _experts(init, f"{p}.mlp", c, fused=False)
 
 
-def _tensors(arch: str, config: dict, seed: int, fp8: bool) -> Iterator[_Named]:
-    init = _Init(seed)
+def _tensors(arch: str, config: dict, init: _Init, fp8: bool) -> Iterator[_Named]:
     qwen35 = arch == "qwen3_5_moe"
     c = config["text_config"] if qwen35 else config
     h, v = c["hidden_size"], c["vocab_size"]
@@ -171,45 +182,30 @@ def _tensors(arch: str, config: dict, seed: int, fp8: bool) -> Iterator[_Named]:
         yield init.norm("mtp.norm.weight", h, 0.0)
 
 
-def _to_disk(tensors: Iterator[_Named], fp8: bool) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Cast to bf16 and quantise the FP8 projections; also list the bf16 modules (modules_to_not_convert)."""
-    out: dict[str, torch.Tensor] = {}
-    keep_bf16: list[str] = []
-    for name, t in tensors:
-        w = t.to(torch.bfloat16).contiguous()
-        if fp8 and _FP8_WEIGHT.search(name):
-            # Quantise the bf16 values, as the official FP8 checkpoints were made from the bf16 ones.
-            out[name], out[f"{name}_scale_inv"] = quantize_block_fp8(w, cfgs.FP8_BLOCK)
-        else:
-            out[name] = w
-            if fp8 and name.endswith(".weight"):
-                keep_bf16.append(name.removesuffix(".weight"))
-    return out, keep_bf16
+def tiny_config(arch: str, num_layers: int | None = None, overrides: Mapping[str, Any] | None = None) -> dict:
+    """config.json contents of a tiny checkpoint; `overrides` replaces text-config fields."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
+    layers = _DEFAULT_LAYERS[arch] if num_layers is None else num_layers
+    config = cfgs.qwen35_moe_config(layers) if arch == "qwen3_5_moe" else cfgs.qwen3_moe_config(layers)
+    text = config.get("text_config", config)
+    unknown = set(overrides or ()) - set(text)
+    if unknown:
+        raise ValueError(f"unknown text-config fields to override: {sorted(unknown)}")
+    text.update(overrides or {})
+    return config
 
 
-def _write_shards(out_dir: str, tensors: dict[str, torch.Tensor]) -> None:
-    sizes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
-    total = sum(sizes.values())
-    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(_NUM_SHARDS)]
-    running = 0
-    for name, t in tensors.items():  # contiguous split by bytes, in model order
-        shards[min(running * _NUM_SHARDS // total, _NUM_SHARDS - 1)][name] = t
-        running += sizes[name]
-    weight_map: dict[str, str] = {}
-    for k, shard in enumerate(shards):
-        fname = f"model-{k + 1:05d}-of-{_NUM_SHARDS:05d}.safetensors"
-        path = os.path.join(out_dir, fname)
-        save_file(shard, path, metadata={"format": "pt"})
-        os.chmod(path, 0o644)  # safetensors creates files owner-only; the cache is meant to be shared
-        weight_map.update({n: fname for n in shard})
-    _write_json(os.path.join(out_dir, "model.safetensors.index.json"),
-                {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-
-
-def _write_json(path: str, obj: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+def tiny_tensors(
+    arch: str, config: dict, seed: int = 0, fp8: bool = False, given: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """A tiny checkpoint's tensors in model order under their on-disk names (experts fused for bf16,
+    per expert for FP8), before the cast to bf16: seeded random draws, except that each `given`
+    tensor (say, a trained one) takes the place of the draw of its name."""
+    init = _Init(seed, given)
+    out = dict(_tensors(arch, config, init, fp8))
+    init.check_all_used()
+    return out
 
 
 def make_tiny_model(
@@ -223,44 +219,13 @@ def make_tiny_model(
     """Write a tiny random checkpoint (config, sharded safetensors, tokenizer) to out_dir; return out_dir.
 
     `overrides` replaces text-config fields (say, a larger moe_intermediate_size for benchmarks)."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {', '.join(ARCHS)}")
-    layers = _DEFAULT_LAYERS[arch] if num_layers is None else num_layers
-    config = cfgs.qwen35_moe_config(layers) if arch == "qwen3_5_moe" else cfgs.qwen3_moe_config(layers)
-    text = config.get("text_config", config)
-    unknown = set(overrides or ()) - set(text)
-    if unknown:
-        raise ValueError(f"unknown text-config fields to override: {sorted(unknown)}")
-    text.update(overrides or {})
-    tensors, keep_bf16 = _to_disk(_tensors(arch, config, seed, fp8), fp8)
-    if fp8:
-        config["quantization_config"] = cfgs.fp8_quantization_config(keep_bf16)
-    os.makedirs(out_dir, exist_ok=True)
-    _write_json(os.path.join(out_dir, "config.json"), config)
-    _write_json(os.path.join(out_dir, "generation_config.json"), cfgs.generation_config())
-    _write_shards(out_dir, tensors)
-    build_tiny_tokenizer(out_dir)
+    config = tiny_config(arch, num_layers, overrides)
+    tensors = to_disk(tiny_tensors(arch, config, seed, fp8).items(), fp8)
+    write_shards(out_dir, tensors)
+    write_metadata(out_dir, config, fp8, tensors)
     return out_dir
 
 
 def default_model_path() -> str:
-    """Build (once, race-safely) and return the default tiny checkpoint: qwen3_5_moe, bf16, seed 0."""
-    root = os.environ.get("MINISGL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
-    final = os.path.join(root, f"tiny-qwen3_5_moe-bf16-seed0-v{FORMAT_VERSION}")
-    if os.path.isdir(final):
-        return final
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tiny-build-", dir=root)
-    try:
-        make_tiny_model(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
-        # rename is atomic: readers see no directory or a complete one. A racing builder that
-        # loses finds the target already present and keeps the winner's identical copy.
-        os.rename(tmp, final)
-    except OSError:
-        if not os.path.isdir(final):
-            raise
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    """The embedded default checkpoint (the trained tiny qwen3_5_moe, bf16), assembled once in the cache."""
+    return trained_model_path(fp8=False)

@@ -1,12 +1,13 @@
-"""A tiny byte-level BPE tokenizer with Qwen-style chat specials, for random-weight test models.
+"""A tiny byte-level BPE tokenizer with Qwen-style chat specials, for the tiny models.
 
 Byte-level BPE covers every UTF-8 string, so any prompt (including non-ASCII) round-trips even
-though the merges are learnt from one short English paragraph.
+though the merges are learnt from one short English paragraph and one short Python snippet.
 """
 from __future__ import annotations
 
 import json
 import os
+from importlib.resources import files
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -14,7 +15,9 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
-VOCAB_SIZE = 512  # 256 byte symbols + 3 specials + 253 merges
+# Single tokens the Qwen3.5 model emits as text (not special: skip_special_tokens keeps them).
+CHAT_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+VOCAB_SIZE = 512  # 256 byte symbols + 3 specials + 247 merges, then the 6 chat tokens (ids 506-511)
 
 # The training text only decides which merges exist; its content is arbitrary.
 _TRAINING_TEXT = """\
@@ -27,6 +30,39 @@ What is the capital of France? The capital of France is Paris. What is two plus 
 The model reads a question, thinks about the answer, and then writes it down in plain words.
 Hello! How are you today? I am fine, thank you, and I hope that you are well too.
 """
+# Some Python too, the trained default model's corpus: merges for indentation and common words make
+# its text several times shorter in tokens than byte by byte.
+_CODE_TEXT = '''\
+class Buffer:
+    """Hold the lines that were read so far and return them in order."""
+
+    def __init__(self, name, size=None):
+        self.name = name
+        self.size = size
+        self.lines = []
+
+    def add(self, line):
+        if line is None:
+            raise ValueError("line must not be None")
+        self.lines.append(line)
+        return len(self.lines)
+
+    def get(self, index, default=None):
+        """Return the line at index, or default if there is none."""
+        try:
+            return self.lines[index]
+        except IndexError:
+            return default
+
+
+def read_all(path, encoding="utf-8"):
+    # Read the whole file and split it into lines.
+    with open(path, encoding=encoding) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            yield line.rstrip("\\n")
+'''
 
 # The split pattern of the official Qwen3.5 tokenizer.json (single digits, letters with their marks).
 # transformers' AutoTokenizer ignores tokenizer_class for qwen3_5_moe checkpoints and rebuilds this
@@ -37,12 +73,7 @@ _SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = files("minisgl.tools").joinpath("tiny_chat_template.jinja").read_text(encoding="utf-8")
 
 
 def _train() -> Tokenizer:
@@ -54,7 +85,7 @@ def _train() -> Tokenizer:
     ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(CHAT_TOKENS),
         min_frequency=1,
         show_progress=False,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
@@ -62,7 +93,9 @@ def _train() -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     # Repeating lines gives frequent pairs clear counts, keeping the learnt merges stable.
-    tok.train_from_iterator(_TRAINING_TEXT.splitlines() * 4, trainer=trainer)
+    tok.train_from_iterator((_TRAINING_TEXT + _CODE_TEXT).splitlines() * 4, trainer=trainer)
+    # Appended after the merges, so every id below them is what it was before these tokens existed.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TOKENS])
     return tok
 
 
@@ -92,9 +125,9 @@ def build_tiny_tokenizer(out_dir: str) -> None:
         "model_max_length": 4096,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False,
-                     "normalized": False, "single_word": False}
-            for t, i in ids.items()
+            str(tok.token_to_id(t)): {"content": t, "special": t in ids, "lstrip": False, "rstrip": False,
+                                      "normalized": False, "single_word": False}
+            for t in SPECIAL_TOKENS + CHAT_TOKENS
         },
     }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
