@@ -220,10 +220,50 @@ def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
     return flops + per_token * tokens
 
 
+def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], str]:  # noqa: ANN001
+    """Steps as the server runs them while requests decode: one prefill chunk of C tokens beside D
+    decode rows at 1K context, eager (a graph holds decode only), against the D-row decode graph
+    alone. `host ms` is the time to enqueue the step without waiting: near `step ms`, the step is
+    bound by the host's kernel launches rather than the device."""
+    import time
+
+    from bench_decode import decode_batch, time_steps
+
+    rows, prof = [], ""
+    for chunk, d in mixed:
+        decode, slots = decode_batch(engine, d, 1024)
+        graph_ms = time_steps(engine, decode)
+        slot = engine.pool.allocate(chunk)
+        engine.pool.ensure_tokens(slot, chunk)
+        prompt = torch.randint(0, engine.config.vocab_size, (chunk,)).tolist()
+        decode_tokens = decode.input_ids.tolist()
+        batch = engine.make_batch([prompt] + [[t] for t in decode_tokens], [0] + [1024] * d, [slot] + slots)
+        ms = time_steps(engine, batch, steps=5)
+        torch.cuda.synchronize()
+        host = []
+        for _ in range(3):
+            started = time.perf_counter()
+            engine.forward_batch(batch)
+            host.append((time.perf_counter() - started) * 1e3)
+            torch.cuda.synchronize()
+        rows.append({"step": f"{chunk} prefill + {d} decode", "step ms": ms, "host ms": min(host),
+                     "decode-only graph ms": graph_ms, "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
+        print(rows[-1])
+        if not prof:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                engine.forward_batch(batch)
+                torch.cuda.synchronize()
+            prof = f"one {chunk} + {d} mixed step\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        for s in [slot] + slots:
+            engine.pool.free(s)
+    return rows, prof
+
+
 def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
-               copy: float) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+               copy: float, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
     """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
-    and rooflined as bench_decode.py does, to show the small-M paths did not regress."""
+    and rooflined as bench_decode.py does, to show the small-M paths did not regress, then the mixed
+    steps of mixed_rows."""
     from bench_decode import decode_batch, step_bytes, time_steps, touched_experts
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
@@ -236,13 +276,15 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         raw["text_config"]["num_hidden_layers"] = layers
         raw["text_config"].pop("layer_types", None)
         json.dump(raw, open(cfg_file, "w"))
-    slots_needed = max([b for b, _ in steps] + decode_batches)
+    slots_needed = max([b for b, _ in steps] + decode_batches + [d + 1 for _, d in mixed])
     longest = max(n for _, n in steps)
-    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches])
+    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches]
+                + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
     # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
     engine = Engine(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
                                max_running_requests=slots_needed, num_pages=pages,
-                               cuda_graph_max_bs=max(decode_batches or [1]), disable_cuda_graph=not decode_batches),
+                               cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
+                               disable_cuda_graph=not (decode_batches or mixed)),
                     warm_up=False)
     print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""
@@ -280,7 +322,8 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         print(decode[-1])
         for s in slots:
             engine.pool.free(s)
-    return rows, decode, prof
+    mixed_table, mixed_prof = mixed_rows(engine, mixed)
+    return rows + mixed_table, decode, prof + "\n" + mixed_prof
 
 
 def main() -> None:
@@ -290,6 +333,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--steps", default="16x1024,2x8192")
     ap.add_argument("--decode-batches", default="32,64", help="decode check at 1K context; '' for none")
+    ap.add_argument("--mixed", default="1024+56,2048+56",
+                    help="CHUNK+D: a CHUNK-token prefill beside D decode rows, eager as served; '' for none")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     args = ap.parse_args()
@@ -323,8 +368,9 @@ def main() -> None:
     if not args.skip_model:
         steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
         decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
+        mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
         out["model"], out["decode"], out["profile"] = model_rows(args.layers, steps, decode_batches, ceiling,
-                                                                 ceil["copy TB/s"])
+                                                                 ceil["copy TB/s"], mixed)
         print(out["profile"])
         save()
     print(table([out["ceilings"]], "Ceilings (this run)"))
@@ -344,6 +390,11 @@ def main() -> None:
             summary.append({"what": f"MoE T={r['T']} {r['stage']}", "figure": fig,
                             "ratio": f"{r['vs ceiling']:.2f} of ceiling" if "vs ceiling" in r else "-"})
     for r in out.get("model", []):
+        if "host ms" in r:
+            summary.append({"what": f"mixed step {r['step']} (eager)",
+                            "figure": f"{r['step ms']:.1f} ms (host {r['host ms']:.1f} ms)",
+                            "ratio": f"{r['decode-only graph ms']:.1f} ms decode graph alone"})
+            continue
         summary.append({"what": f"prefill step {r['step']} ({r['layers']} layers)",
                         "figure": f"{r['tokens/s']:.0f} tok/s ({r['step ms']:.1f} ms)",
                         "ratio": f"{r['vs roofline']:.2f} of FLOP roofline"})
