@@ -37,7 +37,7 @@ import torch
 from bench_moe import fp8_experts
 from gpu_timing import copy_tbps, median_us, table
 from minisgl.kernels.fp8_gemm import gemm_split_k
-from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
 from minisgl.kernels.fp8_linear import REGIMES, fp8_linear, regime
 from minisgl.kernels.fp8_quant import quantize_activations
@@ -103,7 +103,7 @@ def linear_candidates(xq, xs, w, s) -> dict[str, Callable[[], object]]:  # noqa:
     out = {"split_k": lambda: gemm_split_k(xq, xs, w, s, torch.bfloat16)}
     for tile in TILE_CANDIDATES:
         out[tile_name(tile)] = lambda tile=tile: gemm_tiled(xq, xs, w, s, torch.bfloat16, tile)
-    if cublas_fits(w, s, xq.shape[0]) and cublas_block_scaling(torch.device(DEV)) is None:
+    if xq.shape[0] % ROWS_MULTIPLE == 0 and cublas_fits(w, s) and cublas_block_scaling(torch.device(DEV)) is None:
         out["cublas"] = lambda: gemm_cublas(xq, xs, w, s, torch.bfloat16)
     return out
 
@@ -264,7 +264,7 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
     """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
     and rooflined as bench_decode.py does, to show the small-M paths did not regress, then the mixed
     steps of mixed_rows."""
-    from bench_decode import decode_batch, step_bytes, time_steps, touched_experts
+    from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
     from minisgl.models.known_configs import config_dir
@@ -320,6 +320,8 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         decode.append({"layers": layers, "context": context, "B": b, "step ms": ms, "tokens/s": b / ms * 1e3,
                        "roofline ms": nbytes / (copy * 1e9), "vs roofline": nbytes / (copy * 1e9) / ms})
         print(decode[-1])
+        if b == decode_batches[0]:
+            prof += f"\none decode step, B={b} at 1K: " + profile_step(engine, batch) + "\n"
         for s in slots:
             engine.pool.free(s)
     mixed_table, mixed_prof = mixed_rows(engine, mixed)

@@ -88,6 +88,35 @@ def test_prefill_and_decode_logits_match_hf(setup) -> None:
     _assert_pool_empty(llm)
 
 
+def test_mixed_step_matches_hf(setup) -> None:
+    """A step as the server runs one while requests decode: two requests' decode rows lead (they
+    take the decode kernels of the GDN and attention layers, in place on the pool) and two prompts
+    prefill beside them; every row's logits against HF's."""
+    llm, hf, prompts, ref_tokens = setup
+    engine, pool = llm.engine, llm.engine.pool
+    decoding, prefilling = [1, 2], [3, 4]
+    slots = {i: pool.allocate(len(prompts[i]) + 1) for i in decoding + prefilling}
+    try:
+        with torch.no_grad():
+            hf_logits = {i: hf(torch.tensor([prompts[i] + ref_tokens[i][:1]])).logits[0].float() for i in slots}
+        for i in decoding:
+            pool.ensure_tokens(slots[i], len(prompts[i]) + 1)
+        engine.forward_batch(engine.make_batch([prompts[i] for i in decoding], [0] * 2, [slots[i] for i in decoding]))
+        for i in prefilling:
+            pool.ensure_tokens(slots[i], len(prompts[i]))
+        batch = engine.make_batch([ref_tokens[i][:1] for i in decoding] + [prompts[i] for i in prefilling],
+                                  [len(prompts[i]) for i in decoding] + [0, 0], [slots[i] for i in decoding + prefilling])
+        assert batch.leading_decodes == 2 and not batch.is_decode
+        logits = engine.forward_batch(batch)
+        for row, i in enumerate(decoding + prefilling):
+            position = len(prompts[i]) - (i in prefilling)
+            assert _rel_err(logits[row], hf_logits[i][position]) < REL_TOL, f"row {row} (prompt {i})"
+    finally:
+        for s in slots.values():
+            pool.free(s)
+    _assert_pool_empty(llm)
+
+
 def test_batched_greedy_matches_hf(setup) -> None:
     llm, _, prompts, ref_tokens = setup
     results = llm.generate(prompts, _greedy())

@@ -79,6 +79,9 @@ def test_training_is_bit_for_bit_reproducible_on_a_tiny_budget(tmp_path: Path) -
 
 
 @pytest.mark.load
+@pytest.mark.skipif(os.environ.get("MINISGL_FULL_RETRAIN") != "1",
+                    reason="the whole training recipe (4-5 minutes on a busy 2-core machine, a quarter of CI's "
+                           "budget) runs with MINISGL_FULL_RETRAIN=1; CI checks reproducibility on a tiny budget")
 def test_full_training_reproduces_the_shipped_weights(tmp_path: Path) -> None:
     """The whole recipe (about 3 minutes on one core): where the environment is the one the shipped
     weights were trained in, the script writes exactly the shipped bytes."""

@@ -27,6 +27,11 @@ class ForwardBatch:
     prefix_lens: tuple[int, ...]
     extend_lens: tuple[int, ...]
     slot_ids: tuple[int, ...] = ()  # host copy of `slots`: what a TP step message names (engine/tp_group.py)
+    # A mixed step (the scheduler puts decodes first): its leading one-token requests, which the
+    # GDN and attention layers run through their decode kernels (in place on the pool), and the
+    # cu_seqlens of the requests after them, from 0, for the prefill kernels. 0 and None otherwise.
+    leading_decodes: int = 0
+    prefill_cu_seqlens: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -39,6 +44,11 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return all(n == 1 for n in self.extend_lens)
+
+    @property
+    def max_extend(self) -> int:
+        """The longest extend after the leading decodes (a host value: it sizes kernel grids)."""
+        return max(self.extend_lens[self.leading_decodes:])
 
     @staticmethod
     def build(
@@ -62,6 +72,9 @@ class ForwardBatch:
         # Slot s owns table row s - 1; the dummy slot 0 (padding, warm-up) reads the dummy last row.
         rows = [s - 1 if s > 0 else page_table.shape[0] - 1 for s in slots]
         token_rows = [r for r, n in zip(rows, extend) for _ in range(n)]
+        decodes = next((i for i, n in enumerate(extend) if n != 1), len(extend))
+        if decodes == len(extend):  # a decode step: nothing to split
+            decodes = 0
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -77,4 +90,6 @@ class ForwardBatch:
             prefix_lens=tuple(prefix_lens),
             extend_lens=tuple(extend),
             slot_ids=tuple(slots),
+            leading_decodes=decodes,
+            prefill_cu_seqlens=to_device([c - decodes for c in cu[decodes:]], torch.int32, device) if decodes else None,
         )

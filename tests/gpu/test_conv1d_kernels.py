@@ -53,10 +53,11 @@ def test_conv1d_update(width: int, channels: int, dtype: torch.dtype) -> None:
     assert torch.equal(ours_state[untouched], state[untouched]), "slots outside the batch (and slot 0) changed"
 
 
+@pytest.mark.parametrize("known_max", [False, True], ids=["grid-all-tokens", "grid-max-len"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("channels", CHANNELS)
 @pytest.mark.parametrize("width", [2, 3, 4])
-def test_conv1d_prefill(width: int, channels: int, dtype: torch.dtype) -> None:
+def test_conv1d_prefill(width: int, channels: int, dtype: torch.dtype, known_max: bool) -> None:
     weight, state = make(channels, width, dtype)
     lengths = [1, 2, 3, 70, 5, 130]  # shorter than the window, and across token blocks
     slots = random_slots(len(lengths), NUM_SLOTS)
@@ -66,7 +67,8 @@ def test_conv1d_prefill(width: int, channels: int, dtype: torch.dtype) -> None:
     ref_state = state.clone()
     ref = TorchGDNBackend().conv_prefill(x, weight, cu, ref_state, slots)
     ours_state = state.clone()
-    out = conv1d_prefill(x, weight, cu, ours_state, slots, out=poisoned(*x.shape, dtype=dtype))
+    out = conv1d_prefill(x, weight, cu, ours_state, slots, out=poisoned(*x.shape, dtype=dtype),
+                         max_len=max(lengths) if known_max else None)
 
     assert_close(out, ref, TOL[dtype], "conv prefill output")
     assert torch.equal(ours_state[slots], ref_state[slots]), "final windows are copies of inputs: exact"

@@ -53,6 +53,20 @@ def test_triton_backends_match_torch(tiny: str) -> None:
     assert got == want, f"token agreement {agree:.4f}"
 
 
+def test_mixed_steps_match_torch(tiny: str) -> None:
+    """A small prefill budget splits the prompts into chunks that run beside decoding requests:
+    mixed steps, whose leading decode rows take the decode kernels (Triton: the GDN decode and the
+    split-KV attention; the chunk the varlen kernels), must give the torch backends' tokens."""
+    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024)
+    llms = [LLM(tiny, attention_backend="torch", gdn_backend="torch", moe_backend="torch", **common),
+            LLM(tiny, **KERNELS, **common)]
+    tokens = []
+    for llm in llms:
+        llm.scheduler.prefill_budget = 24
+        tokens.append([r.token_ids for r in llm.generate(_prompts(), _greedy(32))])
+    assert tokens[1] == tokens[0]
+
+
 def test_unaligned_max_seq_len_reaches_the_last_page(tiny: str) -> None:
     llm = LLM(tiny, device="cuda", dtype="bfloat16", page_size=64, context_length=8505, max_running_requests=2,
               cuda_graph_max_bs=2, **KERNELS)

@@ -50,17 +50,22 @@ def _weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_block_fp8(w)
 
 
+@pytest.mark.parametrize("rows_multiple", [1, 4])
 @pytest.mark.parametrize("m,k", [(1, 3072), (64, 8192), (37, 320), (5, 64), (16411, 3072)])
-def test_activation_quantiser_is_bit_exact(m: int, k: int) -> None:
+def test_activation_quantiser_is_bit_exact(m: int, k: int, rows_multiple: int) -> None:
     """Same codes and scales as layers/fp8.quantize_block_fp8 with block (1, 128), the reference rule;
-    the scales token-major (what the GEMMs and cuBLAS read)."""
+    the scales token-major (what the GEMMs and cuBLAS read); with rows_multiple, M padded up to it
+    (cuBLAS's alignment) and the real rows unchanged."""
     torch.manual_seed(m + k)
     x = (torch.randn(m, k, device=DEVICE) * torch.rand(m, 1, device=DEVICE).mul(8)).to(torch.bfloat16)
     x[m // 2, : k // 2] = 0  # an all-zero group (padding) scales by 1
     poison_allocator()
-    q, s = quantize_activations(x)
+    q, s = quantize_activations(x, rows_multiple)
+    padded = -(-m // rows_multiple) * rows_multiple
+    assert q.shape == (padded, k) and s.shape == (padded, -(-k // 128))
+    q, s = q[:m], s[:m]
     ref_q, ref_s = quantize_block_fp8(x.float(), (1, 128))
-    assert s.stride(0) == 1 or m == 1
+    assert s.stride(0) == 1 or padded == 1
     assert torch.equal(s, ref_s)
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8))
 
@@ -96,7 +101,7 @@ def test_every_tile_agrees(tile: TileConfig, n: int, k: int, m: int) -> None:
 def test_cublas_block_scaling_matches_torch(n: int, k: int, m: int) -> None:
     """torch._scaled_mm's 1x128 x 128x128 recipe on our layouts. Where this torch or cuBLAS cannot
     run it, fp8_linear uses the tiled kernel instead; this test then says why, as an expected failure.
-    A token count cuBLAS refuses (4133: not a multiple of 4) checks the fallback's result instead."""
+    A token count cuBLAS refuses as is (4133: not a multiple of 4) runs on rows padded to one."""
     why_not = cublas_block_scaling(torch.device(DEVICE))
     if why_not is not None:
         pytest.xfail(f"cuBLAS block scaling unavailable here: {why_not}")

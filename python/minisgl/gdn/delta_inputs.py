@@ -21,6 +21,11 @@ class DeltaInputs:
     A_log: Tensor
     dt_bias: Tensor
 
+    def rows(self, start: int, end: int | None = None) -> "DeltaInputs":
+        """The tokens [start, end) (views), with the layer's per-head parameters."""
+        return DeltaInputs(self.q[start:end], self.k[start:end], self.v[start:end], self.a[start:end],
+                           self.b[start:end], self.A_log, self.dt_bias)
+
     def gates(self) -> tuple[Tensor, Tensor]:
         """(log-decay g, write strength beta) [T, HV], both fp32."""
         return gdn_gates(self.a, self.b, self.A_log, self.dt_bias)

@@ -23,8 +23,11 @@ class TorchGDNBackend:
 
     cuda_graph_safe = True  # decode reads only device tensors (prefill is never captured)
 
-    def conv_prefill(self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
-        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C]."""
+    def conv_prefill(
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
+    ) -> Tensor:
+        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C].
+        max_len: the longest request, when the caller knows it on the host (sizes a GPU kernel's grid)."""
         channels, width = weight.shape
         kernel = weight.float()[:, None, :]
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)

@@ -19,8 +19,10 @@ from minisgl.kernels.gated_delta_decode import gated_delta_decode
 
 
 class TritonGDNBackend(TorchGDNBackend):
-    def conv_prefill(self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
-        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots)
+    def conv_prefill(
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
+    ) -> Tensor:
+        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, max_len=max_len)
 
     def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
         return conv1d_update(x, weight, conv_state, slots)

@@ -167,6 +167,7 @@ def conv1d_prefill(
     conv_state: torch.Tensor,
     slots: torch.Tensor,
     out: torch.Tensor | None = None,
+    max_len: int | None = None,
     block_t: int = 64,
     block_c: int = 128,
     num_warps: int = 4,
@@ -179,9 +180,10 @@ def conv1d_prefill(
     out = torch.empty_like(x) if out is None else out
     channels = x.shape[1]
     batch = cu_seqlens.shape[0] - 1
-    # The grid assumes any request could hold every token (blocks past a request's end return at
-    # once): the longest request's length would cost a host sync in every GDN layer.
-    grid = (triton.cdiv(channels, block_c), triton.cdiv(x.shape[0], block_t), batch)
+    # Blocks past a request's end return at once. Without max_len (the longest request, a host
+    # value the batch knows) the grid assumes any request could hold every token: reading it from
+    # cu_seqlens would cost a host sync in every GDN layer.
+    grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len or x.shape[0], block_t), batch)
     _conv1d_prefill_kernel[grid](
         x, weight, conv_state, slots, cu_seqlens, out,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,

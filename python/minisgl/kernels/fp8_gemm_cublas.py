@@ -4,10 +4,10 @@ scales (cuBLAS >= 12.9 on sm90; torch infers the recipe from the scales' shapes 
 It takes our layouts as they are: the activation scales token-major ([M, K/128] with stride
 (1, M), what kernels/fp8_quant.py writes), the weight's [N/128, K/128] scales transposed as a view.
 cuBLAS also wants N and K multiples of 16, the weight scales' rows 16-byte aligned (K/128 a
-multiple of 4) and the activation scales' columns too (M a multiple of 4: on the H200, 2026-12-03,
-M = 4133 gave CUBLAS_STATUS_NOT_SUPPORTED where 16 and 300 ran); `cublas_fits` says whether a call
-qualifies, and `cublas_block_scaling` whether
-this torch and device run the recipe at all.
+multiple of 4) and the activation scales' columns too (M a multiple of ROWS_MULTIPLE: on the H200,
+2026-12-03, M = 4133 gave CUBLAS_STATUS_NOT_SUPPORTED where 16 and 300 ran), so the caller pads M
+(kernels/fp8_quant.py's rows_multiple); `cublas_fits` says whether a weight qualifies, and
+`cublas_block_scaling` whether this torch and device run the recipe at all.
 """
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ from functools import lru_cache
 import torch
 
 
-def cublas_fits(weight: torch.Tensor, scale_inv: torch.Tensor, m: int) -> bool:
+ROWS_MULTIPLE = 4  # fp32 activation scales per 16 bytes
+
+
+def cublas_fits(weight: torch.Tensor, scale_inv: torch.Tensor) -> bool:
     n, k = weight.shape
-    return m % 4 == 0 and n % 16 == 0 and k % 16 == 0 and scale_inv.shape[1] % 4 == 0 and scale_inv.is_contiguous()
+    return n % 16 == 0 and k % 16 == 0 and scale_inv.shape[1] % 4 == 0 and scale_inv.is_contiguous()
 
 
 @lru_cache(maxsize=None)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.kernels.fp8_gemm import gemm_split_k
-from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
 from minisgl.kernels.fp8_quant import quantize_activations
 
@@ -32,12 +32,14 @@ class Regime:
     tile: TileConfig | None = None  # "tiled"'s tile, and "cublas"'s fallback
 
 
-# The split-K kernel stays below 512 tokens: it was measured there (decode); the tiles above are
-# Hopper-sized first guesses, to be replaced by bench_prefill.py's winners.
+# The split-K kernel stays below 512 tokens: it was measured there (decode). From 512 tokens
+# cuBLAS's block-scaled GEMM won every 122B projection on the H200 (bench_prefill.py, 2026-12-03:
+# 0.63 / 0.88 / 0.85 of the FP8 ceiling at 512 / 4096 / 16384 tokens, against 0.34 / 0.47 / 0.48
+# for the tiles below); the tiles stay as its fallback.
 REGIMES = (
     Regime(1, "split_k"),
-    Regime(512, "tiled", TileConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
-    Regime(2048, "tiled", TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
+    Regime(512, "cublas", TileConfig(block_m=64, block_n=128, num_warps=4, num_stages=4)),
+    Regime(2048, "cublas", TileConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)),
 )
 
 
@@ -67,10 +69,11 @@ def fp8_linear(
     chosen = regime(m)
     backend = backend or chosen.backend
     tile = tile or chosen.tile or REGIMES[-1].tile
+    if backend == "cublas" and cublas_fits(weight, scale_inv) and cublas_block_scaling(x.device) is None:
+        xq, xs = quantize_activations(x2, ROWS_MULTIPLE)
+        return gemm_cublas(xq, xs, weight, scale_inv, x.dtype)[:m].view(*x.shape[:-1], n)
     xq, xs = quantize_activations(x2)
-    if backend == "cublas" and cublas_fits(weight, scale_inv, m) and cublas_block_scaling(x.device) is None:
-        out = gemm_cublas(xq, xs, weight, scale_inv, x.dtype)
-    elif backend in ("tiled", "cublas"):
+    if backend in ("tiled", "cublas"):
         out = gemm_tiled(xq, xs, weight, scale_inv, x.dtype, tile)
     else:
         out = gemm_split_k(xq, xs, weight, scale_inv, x.dtype, **split_k_options)

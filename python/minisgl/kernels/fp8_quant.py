@@ -50,15 +50,18 @@ def _quantize_groups_kernel(
     tl.store(s_ptr + group.to(tl.int64) * stride_sg + rows, scale, mask=rows < M)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (float8_e4m3fn [M, K], fp32 scales [M, ceil(K/128)], token-major) with
-    x ~= q * scale per group; the same rule as layers/fp8.quantize_block_fp8 with block (1, 128)."""
+def quantize_activations(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (float8_e4m3fn [M', K], fp32 scales [M', ceil(K/128)], token-major) with
+    x ~= q * scale per group; the same rule as layers/fp8.quantize_block_fp8 with block (1, 128).
+    M' is M rounded up to rows_multiple (cuBLAS wants the scales' columns 16-byte aligned); the
+    rows past M are left unwritten, so only a GEMM whose rows are independent may read them."""
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
     groups = triton.cdiv(k, GROUP)
-    q = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(groups, m, dtype=torch.float32, device=x.device)
+    padded = triton.cdiv(m, rows_multiple) * rows_multiple
+    q = torch.empty(padded, k, dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty(groups, padded, dtype=torch.float32, device=x.device)
     if m:
         _quantize_groups_kernel[(triton.cdiv(m, ROWS), groups)](
             x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
@@ -58,20 +59,36 @@ class GatedDeltaNet(nn.Module):
         batch, t = ctx.batch, x.shape[0]
         conv_state, ssm_state = ctx.pool.state.layer(self.layer_id)
         weight = self.conv1d.weight[:, 0, :]
-        qkv = self.in_proj_qkv(x)
-        if batch.is_decode:
-            qkv = self.backend.conv_decode(qkv, weight, conv_state, batch.slots)
-        else:
-            qkv = self.backend.conv_prefill(qkv, weight, batch.cu_seqlens, conv_state, batch.slots)
+        qkv = self._conv(self.in_proj_qkv(x), weight, conv_state, batch)
         kd = self.num_k_heads * self.k_dim
         q = qkv[:, :kd].reshape(t, self.num_k_heads, self.k_dim)
         k = qkv[:, kd : 2 * kd].reshape(t, self.num_k_heads, self.k_dim)
         v = qkv[:, 2 * kd :].reshape(t, self.num_v_heads, self.v_dim)
         inp = DeltaInputs(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
-        if batch.is_decode:
-            o = self.backend.delta_decode(inp, ssm_state, batch.slots)
-        else:
-            o = self.backend.delta_prefill(inp, batch.cu_seqlens, ssm_state, batch.slots)
+        o = self._delta(inp, ssm_state, batch)
         z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
         o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
         return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)
+
+    def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if batch.is_decode:
+            return self.backend.conv_decode(qkv, weight, conv_state, batch.slots)
+        d = batch.leading_decodes
+        prefill = self.backend.conv_prefill(qkv[d:], weight, batch.prefill_cu_seqlens if d else batch.cu_seqlens,
+                                            conv_state, batch.slots[d:], batch.max_extend)
+        if not d:
+            return prefill
+        return torch.cat([self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d]), prefill])
+
+    def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """A mixed step's leading decodes update their states in place (decode kernel); only the
+        prefill requests go through the chunked rule, which copies each request's whole state in
+        and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before)."""
+        if batch.is_decode:
+            return self.backend.delta_decode(inp, ssm_state, batch.slots)
+        d = batch.leading_decodes
+        prefill = self.backend.delta_prefill(inp.rows(d), batch.prefill_cu_seqlens if d else batch.cu_seqlens,
+                                             ssm_state, batch.slots[d:])
+        if not d:
+            return prefill
+        return torch.cat([self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), prefill])
