@@ -221,14 +221,20 @@ def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
 
 
 def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], str]:  # noqa: ANN001
-    """Steps as the server runs them while requests decode: one prefill chunk of C tokens beside D
-    decode rows at 1K context, eager (a graph holds decode only), against the D-row decode graph
-    alone. `host ms` is the time to enqueue the step without waiting: near `step ms`, the step is
-    bound by the host's kernel launches rather than the device."""
+    """Steps as the server runs them while requests decode: D decode rows at 1K context, then one
+    prefill chunk of C tokens (the scheduler's order: the decodes take the decode kernels), eager
+    (a graph holds decode only), against the D-row decode graph alone; and, for comparison, the
+    same rows with the chunk first (every row through the varlen prefill kernels), and both with
+    the projections on the tiled kernel instead of cuBLAS. `host ms` is the time to enqueue the
+    step without waiting: near `step ms`, the host's launches (or a sync) bound the step."""
     import time
 
+    import minisgl.kernels.fp8_linear as fp8_linear_module
     from bench_decode import decode_batch, time_steps
+    from minisgl.kernels.fp8_linear import Regime
 
+    cublas_regimes = fp8_linear_module.REGIMES
+    tiled_regimes = tuple(Regime(r.min_m, "tiled", r.tile) if r.tile else r for r in cublas_regimes)
     rows, prof = [], ""
     for chunk, d in mixed:
         decode, slots = decode_batch(engine, d, 1024)
@@ -236,24 +242,33 @@ def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, obj
         slot = engine.pool.allocate(chunk)
         engine.pool.ensure_tokens(slot, chunk)
         prompt = torch.randint(0, engine.config.vocab_size, (chunk,)).tolist()
-        decode_tokens = decode.input_ids.tolist()
-        batch = engine.make_batch([prompt] + [[t] for t in decode_tokens], [0] + [1024] * d, [slot] + slots)
-        ms = time_steps(engine, batch, steps=5)
-        torch.cuda.synchronize()
-        host = []
-        for _ in range(3):
-            started = time.perf_counter()
-            engine.forward_batch(batch)
-            host.append((time.perf_counter() - started) * 1e3)
-            torch.cuda.synchronize()
-        rows.append({"step": f"{chunk} prefill + {d} decode", "step ms": ms, "host ms": min(host),
-                     "decode-only graph ms": graph_ms, "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
-        print(rows[-1])
-        if not prof:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
-                engine.forward_batch(batch)
+        decode_rows = [[t] for t in decode.input_ids.tolist()]
+        orders = {
+            "decodes first": engine.make_batch(decode_rows + [prompt], [1024] * d + [0], slots + [slot]),
+            "chunk first": engine.make_batch([prompt] + decode_rows, [0] + [1024] * d, [slot] + slots),
+        }
+        for gemm, regimes in (("cublas", cublas_regimes), ("tiled", tiled_regimes)):
+            fp8_linear_module.REGIMES = regimes
+            for order, batch in orders.items():
+                ms = time_steps(engine, batch, steps=5)
                 torch.cuda.synchronize()
-            prof = f"one {chunk} + {d} mixed step\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+                host = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    engine.forward_batch(batch)
+                    host.append((time.perf_counter() - started) * 1e3)
+                    torch.cuda.synchronize()
+                rows.append({"step": f"{chunk} prefill + {d} decode, {order}, {gemm}", "step ms": ms,
+                             "host ms": min(host), "decode-only graph ms": graph_ms,
+                             "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
+                print(rows[-1])
+                if not prof:
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                        engine.forward_batch(batch)
+                        torch.cuda.synchronize()
+                    prof = (f"one {chunk} + {d} mixed step, {order}, {gemm}\n"
+                            + p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        fp8_linear_module.REGIMES = cublas_regimes
         for s in [slot] + slots:
             engine.pool.free(s)
     return rows, prof

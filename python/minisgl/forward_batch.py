@@ -29,9 +29,10 @@ class ForwardBatch:
     slot_ids: tuple[int, ...] = ()  # host copy of `slots`: what a TP step message names (engine/tp_group.py)
     # A mixed step (the scheduler puts decodes first): its leading one-token requests, which the
     # GDN and attention layers run through their decode kernels (in place on the pool), and the
-    # cu_seqlens of the requests after them, from 0, for the prefill kernels. 0 and None otherwise.
+    # requests after them as a batch of their own for the prefill kernels (fresh tensors, not
+    # slices: a slice at an odd offset would be a new pointer alignment, a new Triton variant).
     leading_decodes: int = 0
-    prefill_cu_seqlens: torch.Tensor | None = None
+    prefill_part: "ForwardBatch | None" = None
 
     @property
     def batch_size(self) -> int:
@@ -46,9 +47,9 @@ class ForwardBatch:
         return all(n == 1 for n in self.extend_lens)
 
     @property
-    def max_extend(self) -> int:
-        """The longest extend after the leading decodes (a host value: it sizes kernel grids)."""
-        return max(self.extend_lens[self.leading_decodes:])
+    def prefill_requests(self) -> "ForwardBatch":
+        """The requests after the leading decodes: the whole batch when there are none."""
+        return self.prefill_part or self
 
     @staticmethod
     def build(
@@ -75,6 +76,8 @@ class ForwardBatch:
         decodes = next((i for i, n in enumerate(extend) if n != 1), len(extend))
         if decodes == len(extend):  # a decode step: nothing to split
             decodes = 0
+        rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
+                                  device) if decodes else None
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -91,5 +94,5 @@ class ForwardBatch:
             extend_lens=tuple(extend),
             slot_ids=tuple(slots),
             leading_decodes=decodes,
-            prefill_cu_seqlens=to_device([c - decodes for c in cu[decodes:]], torch.int32, device) if decodes else None,
+            prefill_part=rest,
         )

@@ -23,13 +23,13 @@ class TritonAttentionBackend:
             )
         # A mixed step's leading decodes take the split-KV decode kernel; the extend kernel's grid
         # covers only the prefill requests (its blocks are sized by the longest of them).
-        d = batch.leading_decodes
+        d, part = batch.leading_decodes, batch.prefill_requests
         out = torch.empty_like(q)
         if d:
             paged_decode(q[:d], kv.k_cache, kv.v_cache, kv.page_table, batch.table_rows[:d], batch.seq_lens[:d],
                          kv.page_size, scale, out=out[:d])
         paged_extend(
-            q[d:], kv.k_cache, kv.v_cache, kv.page_table, batch.table_rows[d:], batch.seq_lens[d:],
-            batch.prefill_cu_seqlens if d else batch.cu_seqlens, batch.max_extend, kv.page_size, scale, out=out[d:],
+            q[d:], kv.k_cache, kv.v_cache, kv.page_table, part.table_rows, part.seq_lens, part.cu_seqlens,
+            max(part.extend_lens), kv.page_size, scale, out=out[d:],
         )
         return out

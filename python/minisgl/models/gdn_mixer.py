@@ -73,9 +73,9 @@ class GatedDeltaNet(nn.Module):
     def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if batch.is_decode:
             return self.backend.conv_decode(qkv, weight, conv_state, batch.slots)
-        d = batch.leading_decodes
-        prefill = self.backend.conv_prefill(qkv[d:], weight, batch.prefill_cu_seqlens if d else batch.cu_seqlens,
-                                            conv_state, batch.slots[d:], batch.max_extend)
+        d, part = batch.leading_decodes, batch.prefill_requests
+        prefill = self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
+                                            max(part.extend_lens))
         if not d:
             return prefill
         return torch.cat([self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d]), prefill])
@@ -86,9 +86,8 @@ class GatedDeltaNet(nn.Module):
         and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before)."""
         if batch.is_decode:
             return self.backend.delta_decode(inp, ssm_state, batch.slots)
-        d = batch.leading_decodes
-        prefill = self.backend.delta_prefill(inp.rows(d), batch.prefill_cu_seqlens if d else batch.cu_seqlens,
-                                             ssm_state, batch.slots[d:])
+        d, part = batch.leading_decodes, batch.prefill_requests
+        prefill = self.backend.delta_prefill(inp.rows(d), part.cu_seqlens, ssm_state, part.slots)
         if not d:
             return prefill
         return torch.cat([self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), prefill])
