@@ -32,9 +32,9 @@ from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.io import GenerateRequest
-from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.pipeline_measured import Measured, summarize
-from minisgl.tools.pipeline_sim import simulate
+from minisgl.models.tiny.make import make_tiny_model
+from minisgl.tools.pipeline.measured import Measured, summarize
+from minisgl.tools.pipeline.sim import simulate
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from minisgl.afd.coordinator import Coordinator
 from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 
 
 def decode_step_times(path: str, num_mb: int, batch: int, steps: int) -> tuple[list[float], int]:

@@ -42,7 +42,7 @@ from minisgl.models.dummy_weights import init_dummy_weights
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.moe.local_moe import SharedExpert
 from minisgl.moe.router import route
-from minisgl.tools.pipeline import model_config
+from minisgl.tools.pipeline.cli import model_config
 
 
 def time_us(fn: Callable[[], object], device: torch.device, reps: int, graph: bool) -> float:

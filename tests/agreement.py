@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.engine import Engine
-from minisgl.tools.tiny_corpus import load_corpus
+from minisgl.models.tiny.corpus import load_corpus
 
 PROMPT_LENS = (5, 12, 20, 33, 47, 64, 90, 128)
 SEAM = 32

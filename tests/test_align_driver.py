@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 from minisgl.tokenizer.tokenizer import load_tokenizer
-from minisgl.tools.align_pool import build_pool, write_pool
-from minisgl.tools.make_tiny_model import default_model_path, make_tiny_model
+from minisgl.tools.align.prompt_pool import build_pool, write_pool
+from minisgl.models.tiny.default import default_model_path
+from minisgl.models.tiny.make import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = ROOT / "scripts/validate/qwen35_fp8_alignment_driver.sh"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from minisgl.tools.align_metrics import Gates, TokenScore, metrics, overall
-from minisgl.tools.align_wire import (
+from minisgl.tools.align.metrics import Gates, TokenScore, metrics, overall
+from minisgl.tools.align.wire import (
     WireError,
     completion_ids,
     prompt_scores,

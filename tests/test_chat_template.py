@@ -10,8 +10,8 @@ import pytest
 
 from minisgl.tokenizer.chat import render_chat, unused_template_kwargs
 from minisgl.tokenizer.tokenizer import load_tokenizer
-from minisgl.tools.make_tiny_model import default_model_path
-from minisgl.tools.tiny_tokenizer import CHAT_TOKENS
+from minisgl.models.tiny.default import default_model_path
+from minisgl.models.tiny.tokenizer import CHAT_TOKENS
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",

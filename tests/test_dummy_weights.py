@@ -12,7 +12,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
 from minisgl.models.config import load_config
 from minisgl.models.known_configs import config_dir
-from minisgl.tools.tiny_model_configs import qwen35_moe_config
+from minisgl.models.tiny.configs import qwen35_moe_config
 
 
 def _config_only(tmp_path, num_layers: int) -> str:

@@ -13,8 +13,8 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.protocol import EgPlan
-from minisgl.tools.pipeline_measured import summarize
-from minisgl.tools.pipeline_sim import simulate
+from minisgl.tools.pipeline.measured import summarize
+from minisgl.tools.pipeline.sim import simulate
 
 LAYERS, MBS = 3, 2
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minisgl.tools.pipeline_sim import (
+from minisgl.tools.pipeline.sim import (
     EXPERT, FULL, GDN, TAIL, LaneCosts, StepSpec, closed_form_applies, megascale_closed_form, simulate,
 )
 

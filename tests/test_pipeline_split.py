@@ -8,11 +8,11 @@ import pytest
 from minisgl.afd.mb_split import split
 from minisgl.models.config import parse_config
 from minisgl.models.known_configs import hf_config
-from minisgl.tools import pipeline
-from minisgl.tools.pipeline_costs import Roofline
-from minisgl.tools.pipeline_sim import FULL, GDN, simulate
-from minisgl.tools.pipeline_table import LayerTable, interp
-from minisgl.tools.pipeline_workload import Workload, build_spec, kinds_of, spread_contexts
+from minisgl.tools.pipeline import cli as pipeline
+from minisgl.tools.pipeline.costs import Roofline
+from minisgl.tools.pipeline.sim import FULL, GDN, simulate
+from minisgl.tools.pipeline.table import LayerTable, interp
+from minisgl.tools.pipeline.workload import Workload, build_spec, kinds_of, spread_contexts
 
 
 def test_count_split_is_contiguous_and_even() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from minisgl.models.config import parse_config
 from minisgl.models.known_configs import hf_config
-from minisgl.tools.preset import PresetSpec, check_window, derive, prefill_steps
-from minisgl.tools.preset_memory import MIB
+from minisgl.tools.preset.derive import PresetSpec, check_window, derive, prefill_steps
+from minisgl.tools.preset.memory import MIB
 
 Q397, Q122 = "Qwen3.5-397B-A17B", "Qwen3.5-122B-A10B"
 

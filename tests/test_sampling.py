@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 from minisgl import LLM, SamplingParams
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.sampler import Sampler
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 from sampling_reference import (
     CASES, EOS, LOOP_CASES, NEUTRAL, OUTPUT, PROMPT, VOCAB, check_greedy_loop, check_loop_outcomes, distribution,
     empirical, loop_prompts, sampler_with_history, sampling_tv_bound, tv,

@@ -19,7 +19,7 @@ import pytest
 from transformers import GenerationConfig
 
 from minisgl.tokenizer.tokenizer import load_tokenizer
-from minisgl.tools.make_tiny_model import default_model_path
+from minisgl.models.tiny.default import default_model_path
 from server_harness import SERVER_FLAGS, Server, running_server
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]

@@ -15,8 +15,9 @@ from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
 from hf_reference import load_hf_reference
-from minisgl.tools.make_tiny_model import default_model_path, make_tiny_model
-from minisgl.tools.tiny_tokenizer import ENDOFTEXT, IM_END, IM_START, special_token_ids
+from minisgl.models.tiny.default import default_model_path
+from minisgl.models.tiny.make import make_tiny_model
+from minisgl.models.tiny.tokenizer import ENDOFTEXT, IM_END, IM_START, special_token_ids
 
 VARIANTS = [("qwen3_5_moe", False), ("qwen3_5_moe", True), ("qwen3_moe", False), ("qwen3_moe", True)]
 FP8_MODULE = re.compile(

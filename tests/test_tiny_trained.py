@@ -17,15 +17,15 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from hf_reference import load_hf_reference
-from minisgl.tools import tiny_default
-from minisgl.tools import tiny_model_configs as cfgs
-from minisgl.tools import tiny_tokenizer
-from minisgl.tools.make_tiny_model import default_model_path, tiny_tensors
-from minisgl.tools.tiny_checkpoint import INDEX, to_disk, write_shards
-from minisgl.tools.tiny_corpus import load_corpus
-from minisgl.tools.align_pool import sha256_file
-from minisgl.tools.tiny_default import SHIPPED_DIR, read_manifest, trained_config
-from minisgl.tools.train_tiny import ARCH, environment, heldout_loss, tokenize, unigram_loss
+from minisgl.file_digest import sha256_file
+from minisgl.models.tiny import configs as cfgs
+from minisgl.models.tiny import default as tiny_default
+from minisgl.models.tiny import tokenizer as tiny_tokenizer
+from minisgl.models.tiny.corpus import load_corpus
+from minisgl.models.tiny.default import SHIPPED_DIR, default_model_path, read_manifest, trained_config
+from minisgl.models.tiny.make import tiny_tensors
+from minisgl.models.tiny.train import ARCH, environment, heldout_loss, tokenize, unigram_loss
+from minisgl.models.tiny.writer import INDEX, to_disk, write_shards
 
 PACKAGE_PYTHON = str(Path(__file__).resolve().parents[1] / "python")
 
@@ -36,7 +36,7 @@ def _files(root: str) -> dict[str, bytes]:
 
 def _train(out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PACKAGE_PYTHON}
-    return subprocess.Popen([sys.executable, "-m", "minisgl.tools.train_tiny", "--out", str(out), *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "minisgl.models.tiny.train", "--out", str(out), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 from tp_harness import Case, RankHosts, generate, rel_err
 
 PROMPT_LENS = (1, 7, 23, 40, 33)  # 5 requests over 4 slots: the fifth prefills beside decodes

@@ -14,7 +14,7 @@ from minisgl import LLM
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
 from minisgl.models.known_configs import hf_config
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 
 
 def _config_only(tmp_path, name: str, raw: dict) -> str:

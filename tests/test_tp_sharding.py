@@ -16,7 +16,7 @@ from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.models.weights import load_weights
 from minisgl.parallel.config import ParallelConfig
 from minisgl.parallel.shard import Shard
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 
 CPU = torch.device("cpu")
 # An FP8 tiny model whose TP 2 shares are whole 128-blocks (heads and intermediates of 128 and 256).

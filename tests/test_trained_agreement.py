@@ -22,7 +22,7 @@ from gpu.fp8_refs import emulate_fp8_activations, quantize_acts
 from minisgl import LLM
 from minisgl.engine.engine import Engine
 from minisgl.moe.local_moe import LocalMoE
-from minisgl.tools.tiny_default import trained_model_path
+from minisgl.models.tiny.default import trained_model_path
 
 CPU = dict(device="cpu", page_size=16, context_length=512, max_running_requests=8)
 

@@ -7,7 +7,7 @@ and worker: `DIR/step{step:06d}-{worker}.json` with the marks in µs since the s
 
 Clocks: CUDA events on GPUs (elapsed times on one device; devices are never compared), the
 monotonic clock on the CPU, which every process on a host shares: there the record also carries
-`origin_ns`, the step's "begin" on that clock, so transfers can be timed across processes. `minisgl.tools.pipeline_measured` turns the files into per-layer
+`origin_ns`, the step's "begin" on that clock, so transfers can be timed across processes. `minisgl.tools.pipeline.measured` turns the files into per-layer
 T_a, T_e, waits and transfer times, and the simulator's prediction next to the measured step.
 
 Marks written (layer, micro-batch, name):

@@ -31,7 +31,7 @@ from minisgl.moe.registry import MOE_BACKENDS
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.registry import Registry
-from minisgl.tools.make_tiny_model import default_model_path
+from minisgl.models.tiny.default import default_model_path
 
 logger = logging.getLogger(__name__)
 

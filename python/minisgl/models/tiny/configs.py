@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minisgl.tools.tiny_tokenizer import ENDOFTEXT, IM_END, special_token_ids
+from minisgl.models.tiny.tokenizer import ENDOFTEXT, IM_END, special_token_ids
 
 FP8_BLOCK = (128, 128)
 

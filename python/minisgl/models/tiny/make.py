@@ -1,6 +1,6 @@
 """Tiny checkpoints in the exact on-disk layout of the official Qwen checkpoints: random ones for
-tests (make_tiny_model), the same layout holding trained weights (tiny_tensors with `given`), and
-the embedded default model (default_model_path: the trained one, see tiny_default.py).
+tests (make_tiny_model), and the same layout holding trained weights (tiny_tensors with `given`:
+the embedded default model, see default.py).
 
 The random weights are scaled so that a random model is far from degenerate: activations stay O(1) through
 the layers, routing is decisive and the logits spread over several units, so greedy decoding rarely
@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from minisgl.tools import tiny_model_configs as cfgs
-from minisgl.tools.tiny_checkpoint import to_disk, write_metadata, write_shards
-from minisgl.tools.tiny_default import trained_model_path
+from minisgl.models.tiny import configs as cfgs
+from minisgl.models.tiny.writer import to_disk, write_metadata, write_shards
 
 ARCHS = ("qwen3_5_moe", "qwen3_moe")
 _DEFAULT_LAYERS = {"qwen3_5_moe": 8, "qwen3_moe": 4}
@@ -224,8 +223,3 @@ def make_tiny_model(
     write_shards(out_dir, tensors)
     write_metadata(out_dir, config, fp8, tensors)
     return out_dir
-
-
-def default_model_path() -> str:
-    """The embedded default checkpoint (the trained tiny qwen3_5_moe, bf16), assembled once in the cache."""
-    return trained_model_path(fp8=False)

@@ -73,7 +73,7 @@ _SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-CHAT_TEMPLATE = files("minisgl.tools").joinpath("tiny_chat_template.jinja").read_text(encoding="utf-8")
+CHAT_TEMPLATE = files("minisgl.models.tiny").joinpath("chat_template.jinja").read_text(encoding="utf-8")
 
 
 def _train() -> Tokenizer:

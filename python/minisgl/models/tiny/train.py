@@ -1,7 +1,7 @@
-"""Train the embedded default model and write it as package data: `python -m minisgl.tools.train_tiny`.
+"""Train the embedded default model and write it as package data: `python -m minisgl.models.tiny.train`.
 
-A tiny Qwen3.5-MoE (tiny_default.trained_config: 6 GDN + 2 gated-attention layers, 8 experts, top-2,
-a shared expert) learns to continue Python source (tiny_corpus) through the byte-level tokenizer,
+A tiny Qwen3.5-MoE (default.trained_config: 6 GDN + 2 gated-attention layers, 8 experts, top-2,
+a shared expert) learns to continue Python source (corpus.py) through the byte-level tokenizer,
 with transformers' Qwen3_5MoeForCausalLM (its torch paths) as the trainer. It starts from
 make_tiny_model's seed-0 random weights, so its initial state is ours, not a transformers version's.
 In the last steps half of each batch is its own greedy continuations, which makes it decisive on
@@ -30,12 +30,12 @@ import transformers
 from tokenizers import Tokenizer
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-from minisgl.tools.make_tiny_model import tiny_tensors
-from minisgl.tools.tiny_checkpoint import to_disk, write_json, write_shards
-from minisgl.tools.tiny_corpus import DIGEST, Corpus, load_corpus
-from minisgl.tools.align_pool import sha256_file
-from minisgl.tools.tiny_default import MANIFEST, SHIPPED_DIR, tokenizer_digest, trained_config, variant_name
-from minisgl.tools.tiny_tokenizer import ENDOFTEXT, build_tiny_tokenizer, special_token_ids
+from minisgl.file_digest import sha256_file
+from minisgl.models.tiny.corpus import DIGEST, Corpus, load_corpus
+from minisgl.models.tiny.default import MANIFEST, SHIPPED_DIR, tokenizer_digest, trained_config, variant_name
+from minisgl.models.tiny.make import tiny_tensors
+from minisgl.models.tiny.tokenizer import ENDOFTEXT, build_tiny_tokenizer, special_token_ids
+from minisgl.models.tiny.writer import to_disk, write_json, write_shards
 
 ARCH = "qwen3_5_moe"
 _PREFIX = "model.language_model."  # on disk; transformers' causal LM calls it "model."
@@ -241,7 +241,7 @@ def write_shipped(out_dir: str, result: TrainResult, tokenizer_sha256: str) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m minisgl.tools.train_tiny", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m minisgl.models.tiny.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=SHIPPED_DIR,
                    help="where the weights and the manifest go (default: the package data)")
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         args = TrainArgs(**{k: getattr(ns, k) for k in asdict(TrainArgs())})
         corpus = load_corpus()
     except ValueError as e:
-        print(f"train_tiny: error: {e}", file=sys.stderr)
+        print(f"minisgl.models.tiny.train: error: {e}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         build_tiny_tokenizer(tmp)

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from minisgl.layers.fp8 import quantize_block_fp8
-from minisgl.tools import tiny_model_configs as cfgs
-from minisgl.tools.tiny_tokenizer import build_tiny_tokenizer
+from minisgl.models.tiny import configs as cfgs
+from minisgl.models.tiny.tokenizer import build_tiny_tokenizer
 
 NUM_SHARDS = 2
 INDEX = "model.safetensors.index.json"

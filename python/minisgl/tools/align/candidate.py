@@ -6,9 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from minisgl.tools.align_http import CompletionsClient
-from minisgl.tools.align_pool import Prompt
-from minisgl.tools.align_wire import (
+from minisgl.tools.align.http import CompletionsClient
+from minisgl.tools.align.prompt_pool import Prompt
+from minisgl.tools.align.wire import (
     completion_ids,
     completion_tokens,
     only_choice,

@@ -18,12 +18,13 @@ import sys
 import time
 from typing import Any
 
-from minisgl.tools.align_candidate import Sample, ServerCandidate
-from minisgl.tools.align_http import CompletionsClient
-from minisgl.tools.align_metrics import Gates, Metrics, TokenScore, metrics, overall
-from minisgl.tools.align_pool import read_pool, sha256_file
-from minisgl.tools.align_reference import Reference, ServerReference
-from minisgl.tools.align_wire import NO_TOKEN_IDS
+from minisgl.file_digest import sha256_file
+from minisgl.tools.align.candidate import Sample, ServerCandidate
+from minisgl.tools.align.http import CompletionsClient
+from minisgl.tools.align.metrics import Gates, Metrics, TokenScore, metrics, overall
+from minisgl.tools.align.prompt_pool import read_pool
+from minisgl.tools.align.reference import Reference, ServerReference
+from minisgl.tools.align.wire import NO_TOKEN_IDS
 
 SAMPLE_FILE = "sample.json"
 ALIGNMENT_FILE = "alignment.json"
@@ -46,7 +47,7 @@ def _reference(ns: argparse.Namespace, sample: dict[str, Any]) -> Reference:
     if not path:
         raise ValueError("--reference hf needs the checkpoint: --reference-model DIR")
     # Imported here: torch and transformers load in seconds, and only this reference needs them.
-    from minisgl.tools.align_hf import HfReference
+    from minisgl.tools.align.hf_reference import HfReference
 
     return HfReference(path, ns.reference_dtype)
 
@@ -179,7 +180,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # WireError is a ValueError: say what the server must support
         print(f"align: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 from minisgl.scheduler.logprobs import compute_logprobs
-from minisgl.tools.align_candidate import Sample
-from minisgl.tools.align_metrics import TokenScore
-from minisgl.tools.align_reference import teacher_forced
+from minisgl.tools.align.candidate import Sample
+from minisgl.tools.align.metrics import TokenScore
+from minisgl.tools.align.reference import teacher_forced
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import httpx
-from minisgl.tools.align_wire import WireError, only_choice
+from minisgl.tools.align.wire import WireError, only_choice
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -6,13 +6,14 @@ the same bytes, so a pool's SHA-256 names it in every report.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from minisgl.file_digest import sha256_file
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -24,14 +25,6 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 class Prompt:
     id: int
     token_ids: tuple[int, ...]
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _text_files(source_dir: str) -> list[str]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from minisgl.tools.align_candidate import Sample
-from minisgl.tools.align_http import CompletionsClient
-from minisgl.tools.align_metrics import TokenScore
-from minisgl.tools.align_wire import (
+from minisgl.tools.align.candidate import Sample
+from minisgl.tools.align.http import CompletionsClient
+from minisgl.tools.align.metrics import TokenScore
+from minisgl.tools.align.wire import (
     NO_TOKEN_IDS,
     WireError,
     only_choice,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from minisgl.tools.align_metrics import TokenScore
+from minisgl.tools.align.metrics import TokenScore
 
 # Alternatives per scored position: the reference's top-1 is all the metrics need, and every
 # extra alternative multiplies the reply size by the sequence length.

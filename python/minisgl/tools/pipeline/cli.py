@@ -18,13 +18,13 @@ import os
 
 from minisgl.models.config import ModelConfig, load_config, parse_config
 from minisgl.models.known_configs import hf_config, known_models
-from minisgl.tools.pipeline_costs import Roofline
-from minisgl.tools.pipeline_measured import summarize
-from minisgl.tools.pipeline_sim import (
+from minisgl.tools.pipeline.costs import Roofline
+from minisgl.tools.pipeline.measured import summarize
+from minisgl.tools.pipeline.sim import (
     EXPERT, KINDS, TAIL, StepResult, StepSpec, closed_form_applies, megascale_closed_form, simulate,
 )
-from minisgl.tools.pipeline_table import LayerTable
-from minisgl.tools.pipeline_workload import Costs, Workload, build_spec, kinds_of, spread_contexts
+from minisgl.tools.pipeline.table import LayerTable
+from minisgl.tools.pipeline.workload import Costs, Workload, build_spec, kinds_of, spread_contexts
 
 ALIASES = {"qwen35-35b": "Qwen3.5-35B-A3B", "qwen35-122b": "Qwen3.5-122B-A10B", "qwen35-397b": "Qwen3.5-397B-A17B"}
 
@@ -35,7 +35,7 @@ def model_config(name: str, fp8: bool = False) -> ModelConfig:
     if os.path.isdir(name):
         return load_config(name)
     if name == "tiny":
-        from minisgl.tools.tiny_model_configs import qwen35_moe_config
+        from minisgl.models.tiny.configs import qwen35_moe_config
 
         return parse_config(qwen35_moe_config(8))
     if ALIASES.get(name, name) not in known_models():
@@ -159,11 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         if ns.sweep:
             print("\n" + "\n".join(sweep(config, work, costs)))
     if ns.png:
-        from minisgl.tools.pipeline_plot import plot_timeline
+        from minisgl.tools.pipeline.plot import plot_timeline
 
         plot_timeline(result, spec.kinds, ns.png, title)
         print(f"wrote {ns.png}")
-
-
-if __name__ == "__main__":
-    main()

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from minisgl.afd.mb_split import split
-from minisgl.tools.pipeline_sim import FULL, LaneCosts, StepSpec
-from minisgl.tools.pipeline_workload import kinds_of
+from minisgl.tools.pipeline.sim import FULL, LaneCosts, StepSpec
+from minisgl.tools.pipeline.workload import kinds_of
 
 _FIRST = {"attn": "combined", "expert": "received"}  # an item's first mark: its wait ends there
 

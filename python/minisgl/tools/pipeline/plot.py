@@ -2,7 +2,7 @@
 items coloured by role and layer kind, bubbles shaded. matplotlib is optional (`pip install -e .[plot]`)."""
 from __future__ import annotations
 
-from minisgl.tools.pipeline_sim import EXPERT, FULL, StepResult
+from minisgl.tools.pipeline.sim import EXPERT, FULL, StepResult
 
 _COLOURS = {
     ("attn", "gdn"): "#4c78a8", ("attn", "full"): "#f58518", ("shared", "gdn"): "#9ecae9",

@@ -9,7 +9,7 @@ from bisect import bisect_left
 from collections import defaultdict
 from typing import Any
 
-from minisgl.tools.pipeline_costs import Roofline
+from minisgl.tools.pipeline.costs import Roofline
 
 
 def interp(xs: list[float], ys: list[float], x: float) -> float:

@@ -7,7 +7,7 @@ from typing import Protocol, Sequence
 
 from minisgl.afd.mb_split import MB_SPLITS, split
 from minisgl.models.config import FULL_ATTENTION, LINEAR_ATTENTION
-from minisgl.tools.pipeline_sim import FULL, GDN, KINDS, LaneCosts, StepSpec
+from minisgl.tools.pipeline.sim import FULL, GDN, KINDS, LaneCosts, StepSpec
 
 _KIND_OF = {LINEAR_ATTENTION: GDN, FULL_ATTENTION: FULL}
 
