@@ -31,7 +31,7 @@ from minisgl.afd.mb_split import split
 from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.models.tiny.make import make_tiny_model
 from minisgl.tools.pipeline.measured import Measured, summarize
 from minisgl.tools.pipeline.sim import simulate

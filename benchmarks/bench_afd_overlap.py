@@ -23,7 +23,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.coordinator import Coordinator
 from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.models.tiny.make import make_tiny_model
 
 

@@ -88,7 +88,7 @@ def greedy_agreement(model_dir: str, steps: int = 16) -> float:
                   max_running_requests=4, cuda_graph_max_bs=4)
     from minisgl.scheduler.scheduler import Scheduler
     from minisgl.sampling_params import SamplingParams
-    from minisgl.scheduler.io import GenerateRequest
+    from minisgl.scheduler.messages import GenerateRequest
 
     g = torch.Generator().manual_seed(1)
     prompts = [tuple(torch.randint(0, 1000, (n,), generator=g).tolist()) for n in (7, 64, 200, 513)]

@@ -19,7 +19,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer
 from minisgl.tokenizer.tokenizer import load_tokenizer

@@ -18,7 +18,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
 from minisgl.forward_batch import ForwardBatch
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.scheduler.scheduler import Scheduler
 
 PROMPT_LEN = 32

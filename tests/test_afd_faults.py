@@ -19,7 +19,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.coordinator import Coordinator, WorkerFailure
 from minisgl.engine.args import EngineArgs
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from server_harness import SERVER_FLAGS, Server, kill_mid_run, running_server
 
 DETECT_S = 5.0  # /health must turn 503 within this

@@ -9,7 +9,7 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.profiling import StepProfiler
+from minisgl.afd.step_profiler import StepProfiler
 
 
 def test_torch_profile_window_writes_a_trace_per_worker(tiny_checkpoints, tmp_path, monkeypatch) -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.afd import instrument
+from minisgl.afd import layer_timing
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
@@ -45,7 +45,7 @@ class _Model:
         return x
 
 
-def _attention_worker(timer: instrument.LayerTimer | None) -> AttentionWorker:
+def _attention_worker(timer: layer_timing.LayerTimer | None) -> AttentionWorker:
     w = AttentionWorker.__new__(AttentionWorker)  # only what _forward reads
     w.model, w.pool, w.timer = _Model(), None, timer
     w.engine = SimpleNamespace(dtype=torch.float32)
@@ -64,7 +64,7 @@ class _Transport:
         return []
 
 
-def _expert_worker(timer: instrument.LayerTimer | None) -> ExpertWorker:
+def _expert_worker(timer: layer_timing.LayerTimer | None) -> ExpertWorker:
     w = ExpertWorker.__new__(ExpertWorker)  # only what launch reads
     w.name, w.num_layers, w.transport, w.device, w.timer = "expert0", LAYERS, _Transport(), torch.device("cpu"), timer
     w.shard = SimpleNamespace(stage=lambda layer: lambda x, ids, weights: x)
@@ -73,14 +73,14 @@ def _expert_worker(timer: instrument.LayerTimer | None) -> ExpertWorker:
 
 def test_off_by_default_and_reads_no_clock(monkeypatch) -> None:
     assert AfdArgs().layer_timing_dir is None
-    assert instrument.make_timer(None, "attn0", torch.device("cpu")) is None
+    assert layer_timing.make_timer(None, "attn0", torch.device("cpu")) is None
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("a clock was read or an event recorded with timing off")
 
-    monkeypatch.setattr(instrument.time, "monotonic_ns", boom)
+    monkeypatch.setattr(layer_timing.time, "monotonic_ns", boom)
     monkeypatch.setattr(torch.cuda, "Event", boom)
-    monkeypatch.setattr(instrument.StepMarks, "mark", boom)
+    monkeypatch.setattr(layer_timing.StepMarks, "mark", boom)
     out = _attention_worker(None)._forward([object(), object()])
     assert len(out) == MBS and torch.equal(out[0], out[1])
     launched = _expert_worker(None).launch(EgPlan(step=0, num_mb=MBS, bucket=2, phase="decode"))
@@ -88,7 +88,7 @@ def test_off_by_default_and_reads_no_clock(monkeypatch) -> None:
 
 
 def test_on_marks_every_layer_and_micro_batch(tmp_path) -> None:
-    timer = instrument.LayerTimer(str(tmp_path), "attn0", torch.device("cpu"), {"role": "attn"})
+    timer = layer_timing.LayerTimer(str(tmp_path), "attn0", torch.device("cpu"), {"role": "attn"})
     marks = timer.start(7)
     plain = _attention_worker(None)._forward([object(), object()])
     timed = _attention_worker(timer)._forward([object(), object()], marks)
@@ -100,7 +100,7 @@ def test_on_marks_every_layer_and_micro_batch(tmp_path) -> None:
     us = [t for *_, t in marks.resolved()]
     assert us == sorted(us) and us[0] == 0
 
-    eg = _expert_worker(instrument.LayerTimer(str(tmp_path), "expert0", torch.device("cpu"), {"role": "expert"}))
+    eg = _expert_worker(layer_timing.LayerTimer(str(tmp_path), "expert0", torch.device("cpu"), {"role": "expert"}))
     launched = eg.launch(EgPlan(step=7, num_mb=MBS, bucket=2, phase="decode"))
     eg.retire(launched)
     names = [n for _, _, n, _ in launched.marks.resolved()]

@@ -43,7 +43,7 @@ class Result:
 def generate(engine, prompts, max_tokens: int) -> Result:
     """Greedy tokens of every prompt through the colocated Scheduler, and each step's logits."""
     from minisgl.sampling_params import SamplingParams
-    from minisgl.scheduler.io import GenerateRequest
+    from minisgl.scheduler.messages import GenerateRequest
     from minisgl.scheduler.scheduler import Scheduler
 
     steps: list[torch.Tensor] = []

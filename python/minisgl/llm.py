@@ -10,7 +10,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine, with_model_path
 from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.factory import build_scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
-from minisgl.afd.instrument import StepMarks, make_timer
+from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.protocol import AgPlan, ReqStep, Reply
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport

@@ -36,7 +36,7 @@ from minisgl.models.config import load_config
 from minisgl.models.sharding import check_parallel
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
 from minisgl.scheduler.stop import DecoderFactory

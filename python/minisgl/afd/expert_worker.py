@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
-from minisgl.afd.instrument import StepMarks, make_timer
+from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply
 from minisgl.afd.transport import Transport

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import zmq
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.profiling import StepProfiler
+from minisgl.afd.step_profiler import StepProfiler
 from minisgl.afd.protocol import Reply, Shutdown
 from minisgl.engine.args import EngineArgs
 from minisgl.parallel.config import SINGLE, ParallelConfig

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.stop import DecoderFactory, StopChecker
 

@@ -25,7 +25,7 @@ from minisgl.engine.sampler import Sampler
 from minisgl.host_copy import to_device
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
-from minisgl.scheduler.io import (
+from minisgl.scheduler.messages import (
     FINISH_LENGTH,
     GenerateRequest,
     RequestOutput,

@@ -15,7 +15,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.afd.args import AfdArgs
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.factory import build_scheduler
-from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import FINISH_ABORT, GenerateRequest, RequestOutput
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.server.channel import Addresses, Receiver, Sender
 from minisgl.server.child import parent_alive, setup_child

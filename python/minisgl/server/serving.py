@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling_defaults import SamplingDefaults
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo
 from minisgl.server.admission import Admission, check_text, response_id
 from minisgl.server.engine_client import EngineClient, EngineUnavailable, Submission
 from minisgl.server.errors import ApiError, error_body

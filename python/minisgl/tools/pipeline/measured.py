@@ -1,4 +1,4 @@
-"""AFD layer-timing records (afd/instrument.py) -> measured per-layer costs, the waits each side saw,
+"""AFD layer-timing records (afd/layer_timing.py) -> measured per-layer costs, the waits each side saw,
 the transfer time, the measured step, and a StepSpec the simulator can predict that step from.
 
 Per attention-lane item (l, i): its compute is "combined" -> "dispatched" (mixer, router, send,
