@@ -18,6 +18,7 @@ import pytest
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.coordinator import Coordinator, WorkerFailure
 from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import GenerateRequest
 from server_harness import SERVER_FLAGS, Server, kill_mid_run, running_server
@@ -32,7 +33,7 @@ def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str, p
     """pause: time between the kill and the next step, so the coordinator's next plan goes to a
     socket whose peer is already gone (a send that must fail, not block)."""
     args = EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", dtype="float32", context_length=512)
-    coord = Coordinator(args, AfdArgs(attn_workers=2, expert_workers=1, num_mb=2, step_timeout_s=30))
+    coord = Coordinator(resolve_plan(args), AfdArgs(attn_workers=2, expert_workers=1, num_mb=2, step_timeout_s=30))
     try:
         params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
         for i in range(4):
@@ -59,7 +60,7 @@ def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str, p
 
 def test_idle_coordinator_reports_a_dead_worker(tiny_checkpoints) -> None:
     args = EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", dtype="float32", context_length=512)
-    coord = Coordinator(args, AfdArgs(attn_workers=1, expert_workers=2, step_timeout_s=30))
+    coord = Coordinator(resolve_plan(args), AfdArgs(attn_workers=1, expert_workers=2, step_timeout_s=30))
     try:
         assert not coord.has_work
         coord.launcher.procs["expert1"].kill()

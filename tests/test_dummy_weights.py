@@ -10,6 +10,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.models.config import load_config
 from minisgl.models.known_configs import config_dir
 from minisgl.models.tiny.configs import qwen35_moe_config
@@ -35,7 +36,7 @@ def _prefill_then_decode(engine: Engine, prompt: list[int]) -> tuple[torch.Tenso
 def _engine(path: str, seed: int = 0) -> Engine:
     args = EngineArgs(path, load_format="dummy", device="cpu", seed=seed, page_size=8, max_running_requests=2,
                       context_length=64)
-    return Engine(args)
+    return Engine(resolve_plan(args))
 
 
 def test_dummy_from_config_only_is_seeded_and_finite(tmp_path) -> None:

@@ -7,12 +7,11 @@ from dataclasses import replace
 
 import torch
 
-from minisgl.engine.engine import build_backend, build_module
+from minisgl.engine.plan import BackendNames
 from minisgl.layers.fp8 import FP8_DTYPE, dequantize_block_fp8, dequantize_gate_up, quantize_block_fp8
 from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.models.config import ModelConfig, QuantConfig, load_config
-from minisgl.models.context import Backends
-from minisgl.models.materialize import keeps_bf16
+from minisgl.models.materialize import build_module, keeps_bf16
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.models.weights import load_weights
 
@@ -20,7 +19,7 @@ CPU = torch.device("cpu")
 
 
 def _model(config: ModelConfig, path: str, fp8: QuantConfig | None) -> torch.nn.Module:
-    backends = Backends(*(build_backend(f, "torch", CPU) for f in ("attention", "gdn", "moe")))
+    backends = BackendNames("torch", "torch", "torch").build()
     model = build_module(lambda: Qwen3_5MoeForCausalLM(config, backends), torch.float32, CPU, fp8)
     load_weights(model, path, config)
     return model

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
 from minisgl.kvcache.planner import MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolDoesNotFit, plan_pool
 from minisgl.server.cli_args import add_engine_args, engine_args_from
@@ -107,9 +107,9 @@ def _config_only(tmp_path, tiny_checkpoints: dict[str, str]) -> str:
 def test_context_beyond_the_model_fails_before_weights_load(tmp_path, tiny_checkpoints: dict[str, str]) -> None:
     path = _config_only(tmp_path, tiny_checkpoints)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
-        Engine(EngineArgs(path, device="cpu", context_length=10**7))
+        resolve_plan(EngineArgs(path, device="cpu", context_length=10**7))
 
 
 def test_fraction_on_the_cpu_is_refused_before_weights_load(tmp_path, tiny_checkpoints: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="sizes the pool from GPU memory"):
-        Engine(EngineArgs(_config_only(tmp_path, tiny_checkpoints), device="cpu", mem_fraction_static=0.9))
+        resolve_plan(EngineArgs(_config_only(tmp_path, tiny_checkpoints), device="cpu", mem_fraction_static=0.9))

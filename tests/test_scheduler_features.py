@@ -7,6 +7,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.messages import GenerateRequest, RequestOutput
@@ -19,7 +20,7 @@ from minisgl.tokenizer.tokenizer import load_tokenizer
 def engine(tiny_checkpoints) -> Engine:
     args = EngineArgs(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=8, max_running_requests=4,
                       context_length=96)
-    return Engine(args)
+    return Engine(resolve_plan(args))
 
 
 def _sched(engine: Engine, **kw) -> Scheduler:

@@ -14,6 +14,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.models.tiny.make import make_tiny_model
 from tp_harness import Case, RankHosts, generate, rel_err
 
@@ -45,7 +46,7 @@ def _prompts() -> tuple[tuple[int, ...], ...]:
 
 @pytest.fixture(scope="module")
 def reference(checkpoints):
-    return {name: generate(Engine(EngineArgs(path, **ENGINE)), _prompts(), STEPS) for name, path in checkpoints.items()}
+    return {name: generate(Engine(resolve_plan(EngineArgs(path, **ENGINE))), _prompts(), STEPS) for name, path in checkpoints.items()}
 
 
 @pytest.fixture(scope="module")

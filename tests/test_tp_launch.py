@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from minisgl import LLM, SamplingParams
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from tp_harness import generate, rel_err
 
 ENGINE = dict(dtype="float32", device="cpu", page_size=16, context_length=128, chunked_prefill_size=16,
@@ -32,7 +33,7 @@ def _prompts() -> list[list[int]]:
 
 def test_tp2_rank0_scheduler_matches_single_rank(tiny_checkpoints) -> None:
     path = tiny_checkpoints["bf16"]
-    want = generate(Engine(EngineArgs(path, **ENGINE)), _prompts(), 32)
+    want = generate(Engine(resolve_plan(EngineArgs(path, **ENGINE))), _prompts(), 32)
     scored = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
     want_lp = LLM(path, **ENGINE).generate(_prompts()[1], scored)[0]
     with LLM(path, tp_size=2, **ENGINE) as llm:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.engine.engine import build_backend, build_module, pool_layout
+from minisgl.engine.plan import BackendNames
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.layers.fp8 import FP8_DTYPE
 from minisgl.models.config import QuantConfig, load_config, parse_config
-from minisgl.models.context import Backends
 from minisgl.models.known_configs import hf_config
+from minisgl.models.materialize import build_module
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
+from minisgl.models.sharding import pool_layout
 from minisgl.models.weights import load_weights
 from minisgl.parallel.config import ParallelConfig
 from minisgl.parallel.shard import Shard
@@ -30,7 +31,7 @@ def _rank(tp: int, rank: int, ep: int = 1) -> ParallelConfig:
 
 def _model(path: str, pc: ParallelConfig | None = None, fp8: QuantConfig | None = None) -> dict[str, torch.Tensor]:
     config = load_config(path)
-    backends = Backends(*(build_backend(f, "torch", CPU) for f in ("attention", "gdn", "moe")))
+    backends = BackendNames("torch", "torch", "torch").build()
     args = (config, backends, None) + ((pc,) if pc else ())
     model = build_module(lambda: Qwen3_5MoeForCausalLM(*args), torch.float32, CPU, fp8)
     load_weights(model, path, config)

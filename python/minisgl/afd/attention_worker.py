@@ -17,11 +17,10 @@ from minisgl.afd.protocol import AgPlan, ReqStep, Reply
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
 from minisgl.afd.worker import WorkerSpec
-from minisgl.engine.engine import Engine, model_dtype, with_model_path
+from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
-from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -42,13 +41,12 @@ class AttentionWorker:
         self.lane = lane
         # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
         # capture in lock-step, which is not built yet.
-        args = replace(with_model_path(spec.engine_args), device=spec.device, disable_cuda_graph=True)
-        config = load_config(args.model_path)
+        plan = replace(spec.engine_plan.on_device(spec.device), cuda_graphs=False)
+        config, device = plan.config, plan.device
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
-        device = torch.device(spec.device)
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
-            config.top_k, model_dtype(args, config), spec.afd_args.dispatch_dtype == "fp8", device,
+            config.top_k, plan.dtype, spec.afd_args.dispatch_dtype == "fp8", device,
             lane_tp=lane.tp_size,
         )
         self.step_state = StepState()
@@ -60,12 +58,12 @@ class AttentionWorker:
                 config.norm_topk_prob, dispatcher, self.step_state, lane,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
+        self.engine = Engine(plan, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
         self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
-        self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
+        self.lane_generator = torch.Generator(device=device).manual_seed(plan.args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,

@@ -29,10 +29,8 @@ from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep, Shutdown
 from minisgl.afd.worker import ATTN, EXPERT, WorkerFailed, WorkerSpec
-from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import max_seq_len, pool_config, with_model_path
+from minisgl.engine.plan import EnginePlan
 from minisgl.kvcache.allocator import PoolAllocator
-from minisgl.models.config import load_config
 from minisgl.models.sharding import check_parallel
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
@@ -67,22 +65,23 @@ def _next_pow2(n: int) -> int:
 class Coordinator:
     def __init__(
         self,
-        engine_args: EngineArgs,
+        plan: EnginePlan,
         afd: AfdArgs,
         make_decoder: DecoderFactory | None = None,
         sched_args: SchedulerArgs = SchedulerArgs(),
         launcher: Launcher | None = None,
     ) -> None:
-        self.engine_args = engine_args = with_model_path(engine_args)
+        self.plan = plan
+        engine_args = plan.args
         self.afd = afd
-        self.config = config = load_config(engine_args.model_path)
+        self.config = config = plan.config
         ExpertPlan(config.num_experts, afd.expert_workers)  # E % N, before anything starts
         if engine_args.tp_size != 1 or engine_args.ep_size != 1:
             raise ValueError("--tp-size and --ep-size shard the colocated engine; with --afd, shard each attention "
                              "lane with --afd-attn-tp-size (the experts are spread over --afd-expert-workers)")
         check_parallel(config, afd.attn_tp_size, 1, flag="--afd-attn-tp-size")
-        self.max_seq_len = max_seq_len(engine_args, config)
-        pcfg = pool_config(engine_args, config)
+        self.max_seq_len = plan.max_seq_len
+        pcfg = plan.pool  # each lane's pool keeps the flags' sizes; the coordinator mirrors its allocator
         if afd.num_mb > pcfg.max_running_requests:
             raise ValueError(
                 f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {pcfg.max_running_requests}: "
@@ -142,7 +141,7 @@ class Coordinator:
             port = sock.bind_to_random_port(f"tcp://{launcher.host}")
             spec = WorkerSpec(
                 role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
-                f"tcp://{launcher.host}:{reply_port}", self.engine_args, self.afd, devices[rank],
+                f"tcp://{launcher.host}:{reply_port}", self.plan, self.afd, devices[rank],
                 parent_pid=None if self.afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank,
             )
             self.plan_socks[spec.name] = sock

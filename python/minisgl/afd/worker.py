@@ -19,7 +19,7 @@ import zmq
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.step_profiler import StepProfiler
 from minisgl.afd.protocol import Reply, Shutdown
-from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import EnginePlan
 from minisgl.parallel.config import SINGLE, ParallelConfig
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class WorkerSpec:
     store_addr: tuple[str, int]  # the coordinator's TCPStore, which every rank rendezvouses through
     plan_addr: str  # the coordinator's PUSH socket for this worker
     reply_addr: str  # the coordinator's PULL socket for all replies
-    engine_args: EngineArgs
+    engine_plan: EnginePlan  # the coordinator's; a worker takes .on_device(device)
     afd_args: AfdArgs
     device: str
     parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone

@@ -72,7 +72,7 @@ class Scheduler:
         self.engine = engine
         self.pool = engine.pool
         self.max_seq_len = engine.max_seq_len
-        self.chunk_size = engine.args.chunked_prefill_size
+        self.chunk_size = engine.plan.args.chunked_prefill_size
         self.prefill_budget = args.max_prefill_tokens
         self.overlap = overlap_enabled(engine.device) if overlap is None else overlap
         self.eos = frozenset(engine.config.eos_token_ids)
@@ -94,7 +94,7 @@ class Scheduler:
         self._outbox: list[RequestOutput] = []  # aborts, reported at the next step
         self._inflight: _Step | None = None
         self._integrity_checks = 0
-        self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.args.seed)
+        self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.plan.args.seed)
         self.sampler = Sampler(engine.config.vocab_size, engine.device, self.eos, self.pool.max_running)
 
     # -- admission ------------------------------------------------------------------------------

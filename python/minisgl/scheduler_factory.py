@@ -3,8 +3,8 @@ or, with --afd, the coordinator over attention and expert worker processes."""
 from __future__ import annotations
 
 from minisgl.afd.args import AfdArgs
-from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import EnginePlan
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.scheduler import Scheduler
@@ -12,7 +12,7 @@ from minisgl.scheduler.stop import DecoderFactory
 
 
 def build_scheduler(
-    engine_args: EngineArgs,
+    plan: EnginePlan,
     afd: AfdArgs | None = None,
     make_decoder: DecoderFactory | None = None,
     sched_args: SchedulerArgs = SchedulerArgs(),
@@ -20,5 +20,5 @@ def build_scheduler(
     if afd is not None:
         from minisgl.afd.coordinator import Coordinator
 
-        return Coordinator(engine_args, afd, make_decoder, sched_args)
-    return Scheduler(Engine(engine_args, max_prefill_tokens=sched_args.max_prefill_tokens), make_decoder, sched_args)
+        return Coordinator(plan, afd, make_decoder, sched_args)
+    return Scheduler(Engine(plan, max_prefill_tokens=sched_args.max_prefill_tokens), make_decoder, sched_args)
