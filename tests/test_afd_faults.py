@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.coordinator import Coordinator, WorkerFailure
+from minisgl.afd.coordinator import Coordinator
+from minisgl.afd.worker_group import WorkerFailure
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ def test_killed_worker_fails_in_flight_requests(tiny_checkpoints, victim: str, p
             coord.add_request(GenerateRequest(f"r{i}", (1, 2, 3, 4 + i), params))
         for _ in range(3):
             coord.step()
-        coord.launcher.procs[victim].kill()
+        coord.workers.launcher.procs[victim].kill()
         time.sleep(pause)
         start = time.monotonic()
         with pytest.raises(WorkerFailure) as failure:
@@ -63,8 +64,8 @@ def test_idle_coordinator_reports_a_dead_worker(tiny_checkpoints) -> None:
     coord = Coordinator(resolve_plan(args), AfdArgs(attn_workers=1, expert_workers=2, step_timeout_s=30))
     try:
         assert not coord.has_work
-        coord.launcher.procs["expert1"].kill()
-        coord.launcher.procs["expert1"].join(5)
+        coord.workers.launcher.procs["expert1"].kill()
+        coord.workers.launcher.procs["expert1"].join(5)
         assert coord.has_work, "a death is something to report"
         with pytest.raises(WorkerFailure, match="worker expert1 .* killed by signal 9"):
             coord.step()

@@ -26,7 +26,7 @@ def _afd(path: str, **afd: int) -> tuple[list[str], list[tuple[int, ...]]]:
     prompts, params = _requests()
     with LLM(path, afd=AfdArgs(**afd), **ENGINE) as llm:
         out = llm.generate(prompts, params)
-        names = sorted(llm.scheduler.plan_socks)
+        names = sorted(llm.scheduler.workers.names)
         stats = llm.scheduler.stats()
     assert stats.used_slots == 0 and stats.used_pages == 0
     return names, [o.token_ids for o in out]

@@ -10,9 +10,8 @@ import torch
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
-from minisgl.afd.protocol import EgPlan, Reply
+from minisgl.afd.protocol import EgPlan, Reply, WorkerSpec
 from minisgl.afd.transport import Transport
-from minisgl.afd.worker import WorkerSpec
 from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
 
