@@ -157,7 +157,7 @@ class Engine:
     def _capture_graphs(self, backends: Backends) -> DecodeGraphRunner | None:
         if not self.plan.cuda_graphs:
             return None
-        unsafe = [type(b).__name__ for b in (backends.attention, backends.gdn, backends.moe) if not b.cuda_graph_safe]
+        unsafe = backends.graph_unsafe()
         if unsafe:
             logger.warning("CUDA graphs off: %s synchronise with the host in decode", ", ".join(unsafe))
             return None

@@ -14,14 +14,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, EngineArgs
+from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import PoolConfig, PoolLayout
 from minisgl.models.config import ModelConfig, QuantConfig, load_config
 from minisgl.models.context import Backends
 from minisgl.models.sharding import pool_layout
 from minisgl.models.tiny.default import default_model_path
+from minisgl.moe.backend import ExpertsBackend
 from minisgl.moe.registry import MOE_BACKENDS
 from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.registry import Registry
@@ -62,7 +65,7 @@ class BackendNames:
             _REGISTRIES[family].check(name)
         return cls(**resolved)
 
-    def build_one(self, family: str) -> object:
+    def build_one(self, family: str) -> AttentionBackend | GDNBackend | ExpertsBackend:
         """A fresh backend object of one family (an expert worker needs only the MoE one)."""
         return _REGISTRIES[family].get(getattr(self, family))()
 
