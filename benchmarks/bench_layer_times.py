@@ -41,7 +41,7 @@ from minisgl.models.dummy_weights import init_dummy_weights
 from minisgl.models.materialize import build_module
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 from minisgl.models.sharding import pool_layout
-from minisgl.moe.local_moe import SharedExpert
+from minisgl.moe.block import SharedExpert
 from minisgl.moe.router import route
 from minisgl.tools.pipeline.cli import model_config
 

@@ -43,7 +43,7 @@ def test_empty_prompt(llm: LLM, prompt) -> None:
 
 def test_over_long_prompt_rejected_before_allocation(llm: LLM) -> None:
     # The good prompt comes first: it must not be queued or run when a later one is bad.
-    with pytest.raises(ValueError, match="prompt 1: prompt has 64 tokens; max_seq_len is 64"):
+    with pytest.raises(ValueError, match="prompt 1: This model's maximum context length is 64 tokens, and the prompt has 64"):
         llm.generate([[1, 2, 3], list(range(64))])
     _untouched(llm)
 

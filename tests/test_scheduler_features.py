@@ -190,7 +190,7 @@ def test_prefill_budget_bounds_each_step(engine: Engine) -> None:
 
 def test_requests_that_can_never_fit_are_rejected(engine: Engine) -> None:
     s = _sched(engine)
-    with pytest.raises(ValueError, match="max_seq_len is 96"):
+    with pytest.raises(ValueError, match="maximum context length is 96 tokens"):
         s.add_request(GenerateRequest("big", tuple(range(3, 99)), GREEDY))
     with pytest.raises(ValueError, match="empty"):
         s.add_request(GenerateRequest("empty", (), GREEDY))

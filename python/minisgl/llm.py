@@ -13,6 +13,7 @@ from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
+from minisgl.scheduler.scheduler import Scheduler
 from minisgl.scheduler_factory import build_scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
@@ -48,13 +49,11 @@ class LLM:
         )
         self.tokenizer = load_tokenizer(plan.model_path)
         # The colocated engine, for callers that inspect the pool or the model; None under AFD.
-        self.engine: Engine | None = getattr(self.scheduler, "engine", None)
+        self.engine: Engine | None = self.scheduler.engine if isinstance(self.scheduler, Scheduler) else None
         self._next_rid = 0
 
     def close(self) -> None:
-        close = getattr(self.scheduler, "close", None)
-        if close is not None:
-            close()
+        self.scheduler.close()
 
     def __enter__(self) -> "LLM":
         return self

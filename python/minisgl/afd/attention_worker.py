@@ -13,10 +13,10 @@ import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
-from minisgl.afd.protocol import AgPlan, ReqStep, Reply
+from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WorkerSpec
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
-from minisgl.afd.worker import WorkerSpec
+from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
@@ -30,8 +30,7 @@ from minisgl.parallel.config import SINGLE, ParallelConfig
 class Launched:
     step: int
     rids: list[str]
-    tokens: torch.Tensor  # sampled on the device
-    done: torch.cuda.Event | None
+    sample: AsyncSample
     marks: StepMarks | None = None
 
 
@@ -76,12 +75,7 @@ class AttentionWorker:
             self.sampler.remove(slot)
         for new in plan.new_requests:
             self.pool.reset_slot(new.slot)
-            gen = None
-            if not new.params.greedy:
-                gen = self.lane_generator
-                if new.params.seed is not None:
-                    gen = torch.Generator(device=self.last_token.device).manual_seed(new.params.seed)
-            self.sampler.add(new.slot, new.params, gen)
+            self.sampler.add(new.slot, new.params, request_generator(new.params, self.lane_generator))
         for a in plan.pages:
             self.pool.assign_pages(a.slot, a.start, list(a.pages))
 
@@ -157,22 +151,16 @@ class AttentionWorker:
                     rids.append(r.rid)
                     slots.append(r.slot)
         device = self.last_token.device
-        tokens = torch.empty(0, dtype=torch.int64, device=device)
+        stacked = torch.stack(rows) if rows else torch.empty(0, self.sampler.vocab_size, device=device)
+        sample = sample_async(self.sampler, stacked, slots)  # with no rows, still the step's end event
         if rows:
-            tokens = self.sampler.sample(torch.stack(rows), slots)
-            self.last_token[to_device(slots, torch.int64, device)] = tokens
+            self.last_token[to_device(slots, torch.int64, device)] = sample.tokens
         if marks is not None:
             marks.mark(-1, -1, "end")
-        host_tokens = tokens.to("cpu", non_blocking=True)
-        done = None
-        if device.type == "cuda":  # recorded after the copy, so retiring on it sees the tokens
-            done = torch.cuda.Event()
-            done.record()
-        return Launched(plan.step, rids, host_tokens, done, marks)
+        return Launched(plan.step, rids, sample, marks)
 
     def retire(self, launched: Launched) -> Reply:
-        if launched.done is not None:
-            launched.done.synchronize()
+        tokens = launched.sample.wait()
         if launched.marks is not None:
             self.timer.write(launched.marks)
-        return Reply(launched.step, self.name, tuple(zip(launched.rids, launched.tokens.tolist())))
+        return Reply(launched.step, self.name, tuple(zip(launched.rids, tokens)))

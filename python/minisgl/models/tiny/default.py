@@ -15,6 +15,7 @@ import shutil
 import tempfile
 
 from minisgl.file_digest import sha256_file
+from minisgl.models.known_configs import cache_root
 from minisgl.models.tiny import configs as cfgs
 from minisgl.models.tiny.writer import INDEX, write_metadata
 
@@ -53,10 +54,6 @@ def tokenizer_digest(tokenizer_json: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _cache_root() -> str:
-    return os.environ.get("MINISGL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
-
-
 def _digest(metadata_dir: str, weights: dict[str, str]) -> str:
     h = hashlib.sha256()
     for name in sorted(os.listdir(metadata_dir)):
@@ -71,7 +68,7 @@ def trained_model_path(fp8: bool = False) -> str:
     weights = shipped_files(fp8)
     with open(os.path.join(SHIPPED_DIR, variant_name(fp8), INDEX), encoding="utf-8") as f:
         names = json.load(f)["weight_map"]
-    root = _cache_root()
+    root = cache_root()
     os.makedirs(root, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tiny-build-", dir=root)
     final = ""
