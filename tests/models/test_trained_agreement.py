@@ -5,7 +5,7 @@ CPU, against the fp32 reference:
 - "fp8": its FP8 checkpoint in bf16 with activations rounded as the FP8 kernels round them (the
   GPU's FP8 run);
 - "fp8_dispatch": the model in fp32 with the experts' input rounded as AFD's FP8 dispatch rounds it
-  (tests/test_afd_fp8_dispatch.py).
+  (tests/afd/test_afd_fp8_dispatch.py).
 
 Each must reach teacher-forced top-1 >= 0.99, part from the reference's greedy tokens only at gaps
 within its bound, and change no top-1/top-2 gap by more than half its bound: the other half is the

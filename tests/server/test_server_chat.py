@@ -73,7 +73,7 @@ def server(model_dir: str, tok, tmp_path_factory: pytest.TempPathFactory) -> Ser
     flags = (*SERVER_FLAGS, "--context-length", "1024", "--model-path", model_dir, "--reasoning-parser", "qwen3",
              "--tool-call-parser", "qwen3_coder")
     env = {"MINISGL_TEST_SCRIPTS": json.dumps(_script_ids(tok))}
-    entry = (str(Path(__file__).with_name("scripted_serve.py")),)
+    entry = (str(Path(__file__).parents[1] / "scripted_serve.py"),)
     with running_server(tmp_path_factory.mktemp("chat-server"), *flags, entry=entry, env=env) as s:
         yield s
 

@@ -27,7 +27,7 @@ from minisgl.models.tiny.make import tiny_tensors
 from minisgl.models.tiny.train import ARCH, environment, heldout_loss, tokenize, unigram_loss
 from minisgl.models.tiny.writer import INDEX, to_disk, write_shards
 
-PACKAGE_PYTHON = str(Path(__file__).resolve().parents[1] / "python")
+PACKAGE_PYTHON = str(Path(__file__).resolve().parents[2] / "python")
 
 
 def _files(root: str) -> dict[str, bytes]:

@@ -10,7 +10,7 @@ runs the fuzzing phase only (the coverage phase alone is ~600 cases, ~100 s here
 probes are tested in test_server_reliability.py); valid requests are clamped to a few tokens.
 The long run of the issue (>= 20,000 cases, every phase):
     MINISGL_SCHEMATHESIS_EXAMPLES=7000 MINISGL_SCHEMATHESIS_PHASES=coverage,fuzzing \
-        MINISGL_SCHEMATHESIS_WORKERS=3 python -m pytest -q -s tests/test_server_schemathesis.py
+        MINISGL_SCHEMATHESIS_WORKERS=3 python -m pytest -q -s tests/server/test_server_schemathesis.py
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_schema_conformance(live_server: Server, tmp_path: Path) -> None:
            "--seed", str(SEED), "--phases", PHASES, "--continue-on-failure", "--workers", str(WORKERS),
            "--request-timeout", str(REQUEST_TIMEOUT_S),
            "--report", "json", "--report-json-path", str(report)]
-    tests = str(Path(__file__).parent)
+    tests = str(Path(__file__).parents[1])
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     timeout = max(300.0, 4 * EXAMPLES * SECONDS_PER_CASE)  # four operations' worth: three POSTs and the GETs

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python/minisgl"
 TOP_DIRS = ("python/", "scripts/", "docs/", "tests/", "benchmarks/")
 PATHLIKE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./\-]*/[A-Za-z0-9_./\-]*$")

@@ -20,7 +20,7 @@ from minisgl.tools.align.prompt_pool import build_pool, write_pool
 from minisgl.models.tiny.default import default_model_path
 from minisgl.models.tiny.make import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "scripts/validate/qwen35_fp8_alignment_driver.sh"
 NUM_PROMPTS, PROMPT_LEN, NEW_TOKENS = 4, 16, 16
 
