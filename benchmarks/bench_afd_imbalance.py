@@ -29,12 +29,13 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.coordinator import Coordinator
 from minisgl.afd.mb_split import split
 from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest
-from minisgl.tools.make_tiny_model import make_tiny_model
-from minisgl.tools.pipeline_measured import Measured, summarize
-from minisgl.tools.pipeline_sim import simulate
+from minisgl.scheduler.messages import GenerateRequest
+from minisgl.models.tiny.make import make_tiny_model
+from minisgl.tools.pipeline.measured import Measured, summarize
+from minisgl.tools.pipeline.sim import simulate
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def run_afd(model: str, sc: Scenario, num_mb: int, mb_split: str, steps: int, ti
     alternate = mb_split == "alternate"
     afd = AfdArgs(num_mb=num_mb, async_pending_steps=1, mb_split="count" if alternate else mb_split,
                   layer_timing_dir=timing_dir)
-    coord = Coordinator(args, afd, sched_args=SchedulerArgs(max_prefill_tokens=sum(sc.prompts)))
+    coord = Coordinator(resolve_plan(args), afd, sched_args=SchedulerArgs(max_prefill_tokens=sum(sc.prompts)))
     try:
         params = SamplingParams(temperature=0, max_tokens=(2 if alternate else 1) * steps + 3, ignore_eos=True)
         g = torch.Generator().manual_seed(0)

@@ -22,14 +22,15 @@ import torch
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.coordinator import Coordinator
 from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.scheduler.messages import GenerateRequest
+from minisgl.models.tiny.make import make_tiny_model
 
 
 def decode_step_times(path: str, num_mb: int, batch: int, steps: int) -> tuple[list[float], int]:
     args = EngineArgs(model_path=path, device="cpu", dtype="float32", context_length=512, max_running_requests=batch)
-    coord = Coordinator(args, AfdArgs(attn_workers=1, expert_workers=1, num_mb=num_mb, async_pending_steps=1))
+    coord = Coordinator(resolve_plan(args), AfdArgs(attn_workers=1, expert_workers=1, num_mb=num_mb, async_pending_steps=1))
     try:
         params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
         for i in range(batch):

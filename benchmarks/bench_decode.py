@@ -19,19 +19,18 @@ import json
 import os
 import statistics
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gpu_timing import copy_tbps, table
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import (
-    Engine, build_backends, build_module, model_dtype, pool_config, pool_layout, resolve_device,
-)
+from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.kvcache.pages import _num_pages
-from minisgl.models.config import load_config
 from minisgl.models.known_configs import config_dir
+from minisgl.models.materialize import build_module
 from minisgl.models.registry import MODELS
 from minisgl.moe.local_moe import LocalMoE
 from minisgl.moe.router import route
@@ -56,12 +55,12 @@ class Plan:
 
 
 def plan_bytes(args: EngineArgs) -> Plan:
-    config = load_config(args.model_path)
+    plan = resolve_plan(replace(args, device="cuda"))
     meta = torch.device("meta")
-    arch = MODELS.get(config.arch)
-    backends = build_backends(args, resolve_device("cuda"))
-    model = build_module(lambda: arch(config, backends), model_dtype(args, config), meta, config.quant)
-    pool = HybridPool(pool_layout(config), pool_config(args, config), model_dtype(args, config), meta)
+    arch = MODELS.get(plan.config.arch)
+    backends = plan.backends.build()
+    model = build_module(lambda: arch(plan.config, backends), plan.dtype, meta, plan.fp8)
+    pool = HybridPool(plan.layout(), plan.pool, plan.dtype, meta)
     page = pool.kv.nbytes // pool.kv.k.shape[1] * pool.page_size
     return Plan(sum(p.nbytes for p in model.parameters()), pool.state.bytes_per_slot, page, pool.cfg.pages_per_request)
 
@@ -166,9 +165,9 @@ def main() -> None:
           f"tokens; {max_running} slots, {num_pages} pages of 64 tokens")
     if num_pages < plan.pages_per_request:
         raise SystemExit("the weights leave no room for one request at the longest context; use fewer --layers")
-    engine = Engine(EngineArgs(path, load_format="dummy", context_length=context_cap, page_size=64,
+    engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=context_cap, page_size=64,
                                max_running_requests=max_running, num_pages=int(num_pages),
-                               cuda_graph_max_bs=max_running))
+                               cuda_graph_max_bs=max_running)))
     pool = engine.pool
     pool.kv.k.normal_()  # random K/V: attention is not timed on zeros
     pool.kv.v.normal_()

@@ -32,17 +32,18 @@ import torch
 from torch import nn
 
 from minisgl.afd.expert_stage import ExpertStage
-from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import build_backends, build_module, fp8_storage, pool_layout
+from minisgl.engine.plan import BackendNames, fp8_storage
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.layers.linear import Linear
 from minisgl.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from minisgl.models.dummy_weights import init_dummy_weights
+from minisgl.models.materialize import build_module
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
-from minisgl.moe.local_moe import SharedExpert
+from minisgl.models.sharding import pool_layout
+from minisgl.moe.block import SharedExpert
 from minisgl.moe.router import route
-from minisgl.tools.pipeline import model_config
+from minisgl.tools.pipeline.cli import model_config
 
 
 def time_us(fn: Callable[[], object], device: torch.device, reps: int, graph: bool) -> float:
@@ -109,8 +110,7 @@ def main() -> None:
         raise SystemExit("--fp8 needs a GPU (the CPU path dequantises FP8 weights)")
     if config.num_experts % ns.expert_workers:
         raise SystemExit(f"{config.num_experts} experts do not split over {ns.expert_workers} expert workers")
-    backends = build_backends(EngineArgs(attention_backend=ns.attention_backend, gdn_backend=ns.gdn_backend,
-                                         moe_backend=ns.moe_backend), device)
+    backends = BackendNames.resolve(ns.attention_backend, ns.gdn_backend, ns.moe_backend, device).build()
     h, E = config.hidden_size, config.num_experts
     model = randomize(
         build_module(lambda: Qwen3_5MoeForCausalLM(config, backends, lambda i: nn.Identity()), dtype, device, fp8)

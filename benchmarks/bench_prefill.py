@@ -36,6 +36,7 @@ import torch
 
 from bench_moe import fp8_experts
 from gpu_timing import copy_tbps, median_us, table
+from minisgl.engine.plan import resolve_plan
 from minisgl.kernels.fp8_gemm import gemm_split_k
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
@@ -296,10 +297,10 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
     pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches]
                 + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
     # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
-    engine = Engine(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
+    engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
                                max_running_requests=slots_needed, num_pages=pages,
                                cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
-                               disable_cuda_graph=not (decode_batches or mixed)),
+                               disable_cuda_graph=not (decode_batches or mixed))),
                     warm_up=False)
     print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""

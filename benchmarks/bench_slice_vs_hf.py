@@ -17,6 +17,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.models.known_configs import hf_config
 
 KERNELS = dict(attention_backend="triton", gdn_backend="triton", moe_backend="triton")
@@ -88,13 +89,13 @@ def greedy_agreement(model_dir: str, steps: int = 16) -> float:
                   max_running_requests=4, cuda_graph_max_bs=4)
     from minisgl.scheduler.scheduler import Scheduler
     from minisgl.sampling_params import SamplingParams
-    from minisgl.scheduler.io import GenerateRequest
+    from minisgl.scheduler.messages import GenerateRequest
 
     g = torch.Generator().manual_seed(1)
     prompts = [tuple(torch.randint(0, 1000, (n,), generator=g).tolist()) for n in (7, 64, 200, 513)]
     tokens = []
     for kw in (KERNELS, dict(attention_backend="torch", gdn_backend="torch", moe_backend="torch")):
-        sched = Scheduler(Engine(EngineArgs(**common, **kw)))
+        sched = Scheduler(Engine(resolve_plan(EngineArgs(**common, **kw))))
         params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
         for i, p in enumerate(prompts):
             sched.add_request(GenerateRequest(f"r{i}", p, params))
@@ -122,9 +123,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(raw, f)
-        engine = Engine(EngineArgs(model_path=d, load_format="dummy", dtype="bfloat16", device="cuda",
+        engine = Engine(resolve_plan(EngineArgs(model_path=d, load_format="dummy", dtype="bfloat16", device="cuda",
                                    context_length=ns.prompt + 64, max_running_requests=max(batches),
-                                   cuda_graph_max_bs=max(batches), **KERNELS))
+                                   cuda_graph_max_bs=max(batches), **KERNELS)))
         assert engine.graph_runner is not None, "decode graphs were not captured"
         ours = {b: ours_step_ms(engine, b, ns.prompt) for b in batches}
         del engine

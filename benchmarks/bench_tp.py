@@ -28,11 +28,12 @@ from minisgl import LLM
 from minisgl.bench.dataset import random_requests
 from minisgl.bench.offline import run as run_offline
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import build_module, model_dtype, pool_layout
+from minisgl.engine.plan import EnginePlan, resolve_plan
 from minisgl.kvcache.pages import _num_pages
 from minisgl.models.config import ModelConfig, load_config
 from minisgl.models.context import Backends
 from minisgl.models.known_configs import config_dir, hf_config
+from minisgl.models.materialize import build_module
 from minisgl.models.registry import MODELS
 from minisgl.parallel.config import ParallelConfig
 from minisgl.tokenizer.tokenizer import load_tokenizer
@@ -42,14 +43,14 @@ RESERVE = 8 * GIB  # per rank: prefill activations (16K-token steps), graph pool
 PAGE = 64
 
 
-def rank_bytes(args: EngineArgs, config: ModelConfig) -> tuple[int, int, int]:
+def rank_bytes(plan: EnginePlan) -> tuple[int, int, int]:
     """(weights, one state slot, one KV page) of TP rank 0, from a meta-device build."""
+    args, config, dtype = plan.args, plan.config, plan.dtype
     pc = ParallelConfig(args.tp_size, 0, args.ep_size, tuple(range(args.tp_size)), group=object())
     arch = MODELS.get(config.arch)
-    model = build_module(lambda: arch(config, Backends(None, None, None), None, pc), model_dtype(args, config),
-                         torch.device("meta"), config.quant)
-    layout = pool_layout(config, pc)
-    dtype = model_dtype(args, config)
+    model = build_module(lambda: arch(config, Backends(None, None, None), None, pc), dtype, torch.device("meta"),
+                         plan.fp8)
+    layout = plan.layout(pc)
     return (sum(p.nbytes for p in model.parameters()), layout.state_bytes_per_slot(dtype, torch.float32),
             layout.kv_bytes_per_page(PAGE, dtype))
 
@@ -89,8 +90,8 @@ def main() -> None:
     config = load_config(path)
     max_len = max(cli.context, cli.input_len + cli.output_len) + 64
     slots = max(max(batches), cli.prompts)
-    probe = EngineArgs(path, load_format="dummy", tp_size=cli.tp, ep_size=cli.ep)
-    weights, slot_bytes, page_bytes = rank_bytes(probe, config)
+    probe = EngineArgs(path, load_format="dummy", device="cuda", tp_size=cli.tp, ep_size=cli.ep)
+    weights, slot_bytes, page_bytes = rank_bytes(resolve_plan(probe))
     free, total = torch.cuda.mem_get_info()
     pages = min(slots * _num_pages(max_len, PAGE), (free - weights - RESERVE - (slots + 1) * slot_bytes) // page_bytes)
     memory = {"layout": name, "GPUs": cli.tp, "weights/GPU GiB": weights / GIB, "free GiB": free / GIB,

@@ -17,9 +17,10 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer
 from minisgl.tokenizer.tokenizer import load_tokenizer
@@ -59,8 +60,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ns = ap.parse_args()
-    engine = Engine(EngineArgs(device="cuda", dtype=ns.dtype, max_running_requests=ns.running, page_size=16,
-                               context_length=512))
+    engine = Engine(resolve_plan(EngineArgs(device="cuda", dtype=ns.dtype, max_running_requests=ns.running, page_size=16,
+                               context_length=512)))
     tok = load_tokenizer(engine.model_path)
 
     def sched(overlap: bool) -> Scheduler:

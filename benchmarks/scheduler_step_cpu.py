@@ -16,9 +16,10 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.forward_batch import ForwardBatch
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.scheduler.scheduler import Scheduler
 
 PROMPT_LEN = 32
@@ -28,7 +29,7 @@ def measure(running: int, steps: int, params: SamplingParams) -> tuple[float, fl
     """(CPU ms per step, wall ms per step, make_batch CPU ms per step) over `steps` decode steps."""
     args = EngineArgs(device="cpu", dtype="float32", max_running_requests=running, page_size=16,
                       context_length=PROMPT_LEN + steps + 8, chunked_prefill_size=PROMPT_LEN * running)
-    engine = Engine(args)
+    engine = Engine(resolve_plan(args))
     vocab = engine.config.vocab_size
     logits = torch.randn(running, vocab, generator=torch.Generator().manual_seed(0)) * 4
 

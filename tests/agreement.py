@@ -1,6 +1,6 @@
 """How closely a candidate run of the trained tiny model follows a reference run: the measures the
-GPU alignment tests gate on (tests/gpu/test_trained_model.py, tests/test_afd_fp8_dispatch.py) and
-tests/test_trained_agreement.py checks on the CPU.
+GPU alignment tests gate on (tests/gpu/test_trained_model.py, tests/afd/test_afd_fp8_dispatch.py) and
+tests/models/test_trained_agreement.py checks on the CPU.
 
 - Teacher-forced top-1: the candidate scores the reference's greedy continuations of 8 held-out
   prompts, tokens SEAM .. SEAM + 63 of each (8 x 64 = 512 positions); its argmax must be the
@@ -16,7 +16,7 @@ tests/test_trained_agreement.py checks on the CPU.
 GAP_BOUND is measured, not proven: over these continuations of the trained model, the largest change
 that the dtype's rounding made on the CPU to the logit difference between the reference's top two
 tokens, doubled for the GPU's other summation orders and fused kernels (docs/tiny_model.md lists
-the measurements; tests/test_trained_agreement.py keeps checking them). A flip needs the rounding
+the measurements; tests/models/test_trained_agreement.py keeps checking them). A flip needs the rounding
 to close the gap, so above the bound none may happen.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tokenizers import Tokenizer
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.engine import Engine
-from minisgl.tools.tiny_corpus import load_corpus
+from minisgl.models.tiny.corpus import load_corpus
 
 PROMPT_LENS = (5, 12, 20, 33, 47, 64, 90, 128)
 SEAM = 32

@@ -32,8 +32,8 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    from minisgl.tools.make_tiny_model import make_tiny_model
-    from minisgl.tools.tiny_default import trained_model_path
+    from minisgl.models.tiny.make import make_tiny_model
+    from minisgl.models.tiny.default import trained_model_path
 
     root = tmp_path_factory.mktemp("ckpt")
     return {

@@ -14,9 +14,9 @@ import torch
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.scheduler.scheduler import Scheduler
-from minisgl.tools.tiny_tokenizer import IM_END, special_token_ids
+from minisgl.models.tiny.tokenizer import IM_END, special_token_ids
 
 
 def processed_logits(

@@ -1,4 +1,4 @@
-"""Schemathesis hooks for tests/test_server_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
+"""Schemathesis hooks for tests/server/test_server_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
 
 - Valid requests are kept cheap on the CPU and reach the engine: in positive cases n and max_tokens
   are clamped (and max_tokens set where it was left to the room in the context), `model` is left out (the served model) and a chat role outside the ones the chat

@@ -2,7 +2,7 @@
 
 `RankHosts` starts WORLD processes once; they join one gloo world and build a group of the first
 2 and of all 4 ranks. Each case runs on the first `tp` ranks: every rank builds its shard of the
-engine (Engine(..., parallel=...)) and drives the same scheduler over the same requests (the
+engine (Engine(plan, parallel=...)) and drives the same scheduler over the same requests (the
 "every rank runs the same plan" mode, which also checks that sampling agrees across ranks); rank 0
 reports the tokens and every step's logits. The launcher path (rank 0 scheduling, followers fed
 step messages) is tested separately through LLM(tp_size=...).
@@ -43,7 +43,7 @@ class Result:
 def generate(engine, prompts, max_tokens: int) -> Result:
     """Greedy tokens of every prompt through the colocated Scheduler, and each step's logits."""
     from minisgl.sampling_params import SamplingParams
-    from minisgl.scheduler.io import GenerateRequest
+    from minisgl.scheduler.messages import GenerateRequest
     from minisgl.scheduler.scheduler import Scheduler
 
     steps: list[torch.Tensor] = []
@@ -77,6 +77,7 @@ def _host(rank: int, port: int, inbox: mp.Queue, results: mp.Queue) -> None:
 
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
+    from minisgl.engine.plan import resolve_plan
     from minisgl.parallel.config import ParallelConfig
 
     torch.set_num_threads(1)
@@ -88,7 +89,7 @@ def _host(rank: int, port: int, inbox: mp.Queue, results: mp.Queue) -> None:
             continue
         try:
             pc = ParallelConfig(case.tp, rank, case.ep, tuple(range(case.tp)), groups[case.tp])
-            engine = Engine(EngineArgs(case.path, **case.engine), parallel=pc)
+            engine = Engine(resolve_plan(EngineArgs(case.path, **case.engine)), parallel=pc)
             result = generate(engine, case.prompts, case.max_tokens)
         except BaseException:  # noqa: BLE001 - report, then leave: the peers' collectives fail fast
             results.put((rank, Result([], [], traceback.format_exc())))

@@ -9,7 +9,7 @@ import time
 
 
 def _make_tiny_model(ns: argparse.Namespace) -> None:
-    from minisgl.tools.make_tiny_model import make_tiny_model
+    from minisgl.models.tiny.make import make_tiny_model
 
     path = make_tiny_model(ns.dir, arch=ns.arch, fp8=ns.fp8, seed=ns.seed, num_layers=ns.num_layers)
     print(f"wrote {ns.arch}{' fp8' if ns.fp8 else ''} checkpoint to {path}")
@@ -25,7 +25,7 @@ def _generate(ns: argparse.Namespace) -> None:
     afd = dataclass_from(ns, AfdArgs, "afd_") if ns.afd else None
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, ignore_eos=ns.ignore_eos)
     if ns.model_path is None:
-        from minisgl.tools.tiny_default import describe
+        from minisgl.models.tiny.default import describe
 
         print(f"model: {describe()}\n")
     with LLM(afd=afd, **args) as llm:

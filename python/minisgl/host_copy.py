@@ -1,4 +1,4 @@
-"""Host lists to device tensors without making the host wait for the device."""
+"""Copies between host and device that do not make the host wait for the device."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -14,3 +14,12 @@ def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype, devic
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t
+
+
+def to_host_async(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor's copy in pinned host memory, queued without waiting; read it only once an
+    event recorded after this call is reached. A CPU tensor is returned as it is."""
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)

@@ -7,12 +7,14 @@ from typing import Sequence
 
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import Engine, with_model_path
+from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
-from minisgl.scheduler.factory import build_scheduler
+from minisgl.scheduler.scheduler import Scheduler
+from minisgl.scheduler_factory import build_scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -38,22 +40,20 @@ class LLM:
         self, model_path: str | None = None, afd: AfdArgs | None = None, generation_config: str = "auto",
         **engine_args: object,
     ) -> None:
-        args = with_model_path(EngineArgs(model_path=model_path, **engine_args))
-        self.sampling_defaults = load_sampling_defaults(args.model_path, generation_config)
+        plan = resolve_plan(EngineArgs(model_path=model_path, **engine_args))
+        self.sampling_defaults = load_sampling_defaults(plan.model_path, generation_config)
         logger.info("%s", self.sampling_defaults.describe())
         # The scheduler first: it reports a bad path or config before the tokenizer could.
         self.scheduler: RequestScheduler = build_scheduler(
-            args, afd, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
+            plan, afd, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
         )
-        self.tokenizer = load_tokenizer(args.model_path)
+        self.tokenizer = load_tokenizer(plan.model_path)
         # The colocated engine, for callers that inspect the pool or the model; None under AFD.
-        self.engine: Engine | None = getattr(self.scheduler, "engine", None)
+        self.engine: Engine | None = self.scheduler.engine if isinstance(self.scheduler, Scheduler) else None
         self._next_rid = 0
 
     def close(self) -> None:
-        close = getattr(self.scheduler, "close", None)
-        if close is not None:
-            close()
+        self.scheduler.close()
 
     def __enter__(self) -> "LLM":
         return self

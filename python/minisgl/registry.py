@@ -34,10 +34,12 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def check(self, name: str) -> None:
+        """ValueError naming the choices when no backend is registered as `name` (nothing is imported)."""
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.family} backend {name!r}; choose one of {', '.join(self.names())}")
+
     def get(self, name: str) -> Any:
-        entry = self._entries.get(name)
-        if entry is None:
-            raise ValueError(
-                f"unknown {self.family} backend {name!r}; choose one of {', '.join(self.names())}"
-            )
+        self.check(name)
+        entry = self._entries[name]
         return getattr(importlib.import_module(entry.module), entry.attr)

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from minisgl.tokenizer.tokenizer import load_tokenizer
-from minisgl.tools.align_pool import build_pool, write_pool
+from minisgl.tools.align.prompt_pool import build_pool, write_pool
 
 
 def main(argv: list[str] | None = None) -> int:

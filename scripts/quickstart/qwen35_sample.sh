@@ -6,7 +6,7 @@
 # Every default below is a knob of ../validate/qwen35_fp8_alignment_driver.sh (AFD_* for AFD).
 # shellcheck source=../lib/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
-MODEL_PATH=${MODEL_PATH:-$("$MINISGL_PYTHON" -c 'from minisgl.tools.make_tiny_model import default_model_path as p; print(p())')}
+MODEL_PATH=${MODEL_PATH:-$("$MINISGL_PYTHON" -c 'from minisgl.models.tiny.default import default_model_path as p; print(p())')}
 export MODEL_PATH REFERENCE=${REFERENCE:-none}
 export NUM_PROMPTS=${NUM_PROMPTS:-8} PROMPT_LEN=${PROMPT_LEN:-256} MAX_NEW_TOKENS=${MAX_NEW_TOKENS:-64}
 export RUN_DIR=${RUN_DIR:-$(default_run_dir sample)}

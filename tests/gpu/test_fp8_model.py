@@ -13,6 +13,7 @@ import torch
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
 from minisgl.layers.fp8 import FP8_DTYPE
 from minisgl.models.known_configs import hf_config
 
@@ -23,8 +24,8 @@ def test_dummy_fp8_model_at_122b_width_decodes_finite(tmp_path) -> None:
     raw = hf_config("Qwen3.5-122B-A10B", fp8=True)
     raw["text_config"]["num_hidden_layers"] = 4  # 3 GDN + 1 full attention, real widths
     (tmp_path / "config.json").write_text(json.dumps(raw))
-    engine = Engine(EngineArgs(str(tmp_path), load_format="dummy", page_size=64, max_running_requests=8,
-                               context_length=1024, cuda_graph_max_bs=8))
+    engine = Engine(resolve_plan(EngineArgs(str(tmp_path), load_format="dummy", page_size=64, max_running_requests=8,
+                               context_length=1024, cuda_graph_max_bs=8)))
     assert engine.graph_runner is not None
     experts = engine.model.layers[0].mlp.experts
     assert experts.gate_up_proj.dtype == FP8_DTYPE and experts.gate_up_proj_scale_inv is not None

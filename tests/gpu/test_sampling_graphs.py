@@ -14,7 +14,7 @@ import torch
 
 from minisgl import LLM
 from minisgl.engine.engine import Engine
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 from sampling_reference import (
     CASES, LOOP_CASES, NEUTRAL, check_greedy_loop, check_loop_outcomes, distribution, empirical, loop_prompts,
     sampler_with_history, sampling_tv_bound, tv,

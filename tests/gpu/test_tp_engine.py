@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on shared hosts

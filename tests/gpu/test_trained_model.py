@@ -19,7 +19,7 @@ from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, SEAM, decode_logits, g
 from minisgl import LLM
 from minisgl.layers.fp8 import FP8_DTYPE
 from minisgl.layers.fp8_linear import Fp8Linear
-from minisgl.tools.tiny_default import trained_model_path
+from minisgl.models.tiny.default import trained_model_path
 
 pytestmark = pytest.mark.gpu
 

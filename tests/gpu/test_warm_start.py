@@ -8,7 +8,7 @@ import torch
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine import compile_watch
-from minisgl.tools.make_tiny_model import make_tiny_model
+from minisgl.models.tiny.make import make_tiny_model
 
 pytestmark = pytest.mark.gpu
 

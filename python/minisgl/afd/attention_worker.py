@@ -12,16 +12,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
-from minisgl.afd.instrument import StepMarks, make_timer
-from minisgl.afd.protocol import AgPlan, ReqStep, Reply
+from minisgl.afd.layer_timing import StepMarks, make_timer
+from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WorkerSpec
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
-from minisgl.afd.worker import WorkerSpec
-from minisgl.engine.engine import Engine, model_dtype, with_model_path
+from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
+from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
-from minisgl.models.config import load_config
 from minisgl.models.weights import WeightFilter
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -31,8 +30,7 @@ from minisgl.parallel.config import SINGLE, ParallelConfig
 class Launched:
     step: int
     rids: list[str]
-    tokens: torch.Tensor  # sampled on the device
-    done: torch.cuda.Event | None
+    sample: AsyncSample
     marks: StepMarks | None = None
 
 
@@ -42,13 +40,12 @@ class AttentionWorker:
         self.lane = lane
         # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
         # capture in lock-step, which is not built yet.
-        args = replace(with_model_path(spec.engine_args), device=spec.device, disable_cuda_graph=True)
-        config = load_config(args.model_path)
+        plan = replace(spec.engine_plan.on_device(spec.device), cuda_graphs=False)
+        config, device = plan.config, plan.device
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
-        device = torch.device(spec.device)
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
-            config.top_k, model_dtype(args, config), spec.afd_args.dispatch_dtype == "fp8", device,
+            config.top_k, plan.dtype, spec.afd_args.dispatch_dtype == "fp8", device,
             lane_tp=lane.tp_size,
         )
         self.step_state = StepState()
@@ -60,12 +57,12 @@ class AttentionWorker:
                 config.norm_topk_prob, dispatcher, self.step_state, lane,
             )
 
-        self.engine = Engine(args, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
+        self.engine = Engine(plan, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
         self.model, self.pool = self.engine.model, self.engine.pool
         # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
         self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
         self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
-        self.lane_generator = torch.Generator(device=device).manual_seed(args.seed + spec.index)
+        self.lane_generator = torch.Generator(device=device).manual_seed(plan.args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
@@ -78,12 +75,7 @@ class AttentionWorker:
             self.sampler.remove(slot)
         for new in plan.new_requests:
             self.pool.reset_slot(new.slot)
-            gen = None
-            if not new.params.greedy:
-                gen = self.lane_generator
-                if new.params.seed is not None:
-                    gen = torch.Generator(device=self.last_token.device).manual_seed(new.params.seed)
-            self.sampler.add(new.slot, new.params, gen)
+            self.sampler.add(new.slot, new.params, request_generator(new.params, self.lane_generator))
         for a in plan.pages:
             self.pool.assign_pages(a.slot, a.start, list(a.pages))
 
@@ -159,22 +151,16 @@ class AttentionWorker:
                     rids.append(r.rid)
                     slots.append(r.slot)
         device = self.last_token.device
-        tokens = torch.empty(0, dtype=torch.int64, device=device)
+        stacked = torch.stack(rows) if rows else torch.empty(0, self.sampler.vocab_size, device=device)
+        sample = sample_async(self.sampler, stacked, slots)  # with no rows, still the step's end event
         if rows:
-            tokens = self.sampler.sample(torch.stack(rows), slots)
-            self.last_token[to_device(slots, torch.int64, device)] = tokens
+            self.last_token[to_device(slots, torch.int64, device)] = sample.tokens
         if marks is not None:
             marks.mark(-1, -1, "end")
-        host_tokens = tokens.to("cpu", non_blocking=True)
-        done = None
-        if device.type == "cuda":  # recorded after the copy, so retiring on it sees the tokens
-            done = torch.cuda.Event()
-            done.record()
-        return Launched(plan.step, rids, host_tokens, done, marks)
+        return Launched(plan.step, rids, sample, marks)
 
     def retire(self, launched: Launched) -> Reply:
-        if launched.done is not None:
-            launched.done.synchronize()
+        tokens = launched.sample.wait()
         if launched.marks is not None:
             self.timer.write(launched.marks)
-        return Reply(launched.step, self.name, tuple(zip(launched.rids, launched.tokens.tolist())))
+        return Reply(launched.step, self.name, tuple(zip(launched.rids, tokens)))

@@ -13,42 +13,28 @@ freed in the next plan, after the steps that still use it in command order.
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch.distributed as dist
-import zmq
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
-from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep, Shutdown
-from minisgl.afd.worker import ATTN, EXPERT, WorkerFailed, WorkerSpec
-from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import max_seq_len, pool_config, with_model_path
+from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep
+from minisgl.afd.worker_group import WorkerFailure, WorkerGroup, describe_dead
+from minisgl.engine.plan import EnginePlan
 from minisgl.kvcache.allocator import PoolAllocator
-from minisgl.models.config import load_config
 from minisgl.models.sharding import check_parallel
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
 from minisgl.scheduler.stop import DecoderFactory
 
 logger = logging.getLogger(__name__)
-_POLL_MS = 100
-_SEND_TIMEOUT_MS = 2000
-_START_TIMEOUT_S = 600.0
-
-
-class WorkerFailure(RuntimeError):
-    """A worker died, reported an error, or did not answer in time."""
 
 
 @dataclass
@@ -67,22 +53,23 @@ def _next_pow2(n: int) -> int:
 class Coordinator:
     def __init__(
         self,
-        engine_args: EngineArgs,
+        plan: EnginePlan,
         afd: AfdArgs,
         make_decoder: DecoderFactory | None = None,
         sched_args: SchedulerArgs = SchedulerArgs(),
         launcher: Launcher | None = None,
     ) -> None:
-        self.engine_args = engine_args = with_model_path(engine_args)
+        self.plan = plan
+        engine_args = plan.args
         self.afd = afd
-        self.config = config = load_config(engine_args.model_path)
+        self.config = config = plan.config
         ExpertPlan(config.num_experts, afd.expert_workers)  # E % N, before anything starts
         if engine_args.tp_size != 1 or engine_args.ep_size != 1:
             raise ValueError("--tp-size and --ep-size shard the colocated engine; with --afd, shard each attention "
                              "lane with --afd-attn-tp-size (the experts are spread over --afd-expert-workers)")
         check_parallel(config, afd.attn_tp_size, 1, flag="--afd-attn-tp-size")
-        self.max_seq_len = max_seq_len(engine_args, config)
-        pcfg = pool_config(engine_args, config)
+        self.max_seq_len = plan.max_seq_len
+        pcfg = plan.pool  # each lane's pool keeps the flags' sizes; the coordinator mirrors its allocator
         if afd.num_mb > pcfg.max_running_requests:
             raise ValueError(
                 f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {pcfg.max_running_requests}: "
@@ -119,91 +106,12 @@ class Coordinator:
         self._integrity_checks = 0
         self.failure: str | None = None
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
-        self._start(launcher or make_launcher(afd))
-
-    # -- workers --------------------------------------------------------------------------------
-    def _start(self, launcher: Launcher) -> None:
-        self.launcher = launcher
-        self.zmq = zmq.Context.instance()
-        self.reply_sock = self.zmq.socket(zmq.PULL)
-        reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
-        self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
-        devices = launcher.devices(self.afd)
-        self.plan_socks: dict[str, zmq.Socket] = {}
-        specs = []
-        # Each lane's TP ranks are consecutive (one node's GPUs); the plan of a lane goes to each of them.
-        roles = [(ATTN, i, j) for i in range(self.afd.attn_workers) for j in range(self.afd.attn_tp_size)]
-        roles += [(EXPERT, r, 0) for r in range(self.afd.expert_workers)]
-        for rank, (role, index, tp_rank) in enumerate(roles):
-            sock = self.zmq.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            # A dead worker's socket stops taking messages: a send must fail, not block forever.
-            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
-            port = sock.bind_to_random_port(f"tcp://{launcher.host}")
-            spec = WorkerSpec(
-                role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
-                f"tcp://{launcher.host}:{reply_port}", self.engine_args, self.afd, devices[rank],
-                parent_pid=None if self.afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank,
-            )
-            self.plan_socks[spec.name] = sock
-            specs.append(spec)
-        self.ag_names = [s.name for s in specs if s.role == ATTN and s.tp_rank == 0]  # one per lane
-        self.lane_members = {n: [s.name for s in specs if s.role == ATTN and s.name.split(".")[0] == n]
-                             for n in self.ag_names}
-        self.eg_names = [s.name for s in specs if s.role == EXPERT]
-        launcher.start(specs)
-        ready: set[str] = set()
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while len(ready) < len(specs):
-            msg = self._recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready])
-            if isinstance(msg, Reply) and msg.step == -1:
-                ready.add(msg.worker)
-        logger.info("AFD: %d attention + %d expert workers ready", self.afd.attn_workers, self.afd.expert_workers)
-
-    def _recv(self, deadline: float, waiting_for: str, awaited: Callable[[], list[str]]) -> object:
-        """The next message from any worker; raises WorkerFailure on a death, an error or the
-        deadline. Its message names the workers and what became of them; a live worker's error
-        (transport internals, addresses) goes to the log only."""
-        while True:
-            if self.reply_sock.poll(_POLL_MS):
-                msg = pickle.loads(self.reply_sock.recv())
-                if isinstance(msg, WorkerFailed):
-                    logger.error("AFD worker %s failed: %s: %s", msg.worker, msg.error_type, msg.message)
-                    # A peer's death usually surfaces first as a collective error on a live worker:
-                    # give the dead one a moment to be seen, and name it instead.
-                    until = time.monotonic() + 2.0
-                    while not (dead := self.launcher.dead()) and time.monotonic() < until:
-                        time.sleep(0.05)
-                    raise WorkerFailure(_dead(dead) if dead else
-                                        f"AFD worker {msg.worker} failed ({msg.error_type}; see the server log)")
-                return msg
-            dead = self.launcher.dead()
-            if dead:
-                raise WorkerFailure(_dead(dead))
-            if time.monotonic() > deadline:
-                raise WorkerFailure(f"AFD workers {', '.join(awaited())} did not answer {waiting_for} in time")
-
-    def _send(self, worker: str, data: bytes) -> None:
-        try:
-            self.plan_socks[worker].send(data)
-        except zmq.Again:
-            dead = self.launcher.dead()
-            raise WorkerFailure("; ".join(dead) or f"worker {worker} stopped taking plans") from None
+        self.workers: WorkerGroup | None = None  # set once every worker is ready
+        self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd))
 
     def close(self) -> None:
-        if getattr(self, "launcher", None) is None:
-            return
-        if self.failure is None:
-            try:
-                for name in self.plan_socks:
-                    self._send(name, pickle.dumps(Shutdown()))
-            except WorkerFailure as e:
-                logger.warning("AFD shutdown: %s", e)
-        self.launcher.stop(timeout_s=10)
-        self.launcher = None
-        for sock in self.plan_socks.values():
-            sock.close()
-        self.reply_sock.close()
+        if self.workers is not None:
+            self.workers.close(graceful=self.failure is None)
 
     # -- RequestScheduler -----------------------------------------------------------------------
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -240,7 +148,7 @@ class Coordinator:
         raises, so an idle coordinator reports it without waiting for traffic."""
         if self._outbox or self._inflight or any(l.waiting or l.running for l in self.lanes):
             return True
-        return self.failure is None and self.launcher is not None and bool(self.launcher.dead())
+        return self.failure is None and self.workers is not None and bool(self.workers.dead())
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -273,8 +181,8 @@ class Coordinator:
                 pass
             if self._inflight:
                 outputs += self._retire(self._inflight.popleft())
-            elif dead := self.launcher.dead():  # idle: no collective is there to notice a death
-                raise WorkerFailure(_dead(dead))
+            elif dead := self.workers.dead():  # idle: no collective is there to notice a death
+                raise WorkerFailure(describe_dead(dead))
             elif any(l.waiting for l in self.lanes) and not any(l.running for l in self.lanes):
                 raise RuntimeError("coordinator stalled: nothing running and no waiting request fits")
         except WorkerFailure as e:
@@ -320,17 +228,18 @@ class Coordinator:
                 mbs.append(tuple(reqs))
             mbs_per_lane.append((lane, mbs, new, pages))
         bucket = _next_pow2(max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs))
-        for (lane, mbs, new, pages), name in zip(mbs_per_lane, self.ag_names):
+        workers = self.workers
+        for (lane, mbs, new, pages), name in zip(mbs_per_lane, workers.ag_names):
             frees, lane.frees = tuple(lane.frees), []
             plan = AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages))
-            plans += [(member, plan) for member in self.lane_members[name]]
+            plans += [(member, plan) for member in workers.lane_members[name]]
         eg_plan = EgPlan(step, self.afd.num_mb, bucket, "prefill" if prefill else "decode")
-        plans += [(name, eg_plan) for name in self.eg_names]
+        plans += [(name, eg_plan) for name in workers.eg_names]
         size = 0
         for name, plan in plans:
             data = pickle.dumps(plan)
             size += len(data)
-            self._send(name, data)
+            workers.send(name, data)
         self.plan_bytes.append(size)
         self._inflight.append(step)
         return True
@@ -338,10 +247,9 @@ class Coordinator:
     # -- replies --------------------------------------------------------------------------------
     def _retire(self, step: int) -> list[RequestOutput]:
         deadline = time.monotonic() + self.afd.step_timeout_s
-        expected = len(self.plan_socks)  # every worker replies, each lane's TP ranks included
-        while len(self._replies.get(step, {})) < expected:
-            msg = self._recv(deadline, f"step {step}", lambda: sorted(
-                set(self.ag_names + self.eg_names) - set(self._replies.get(step, {}))))
+        names = self.workers.names  # every worker replies, each lane's TP ranks included
+        while len(self._replies.get(step, {})) < len(names):
+            msg = self.workers.recv(deadline, f"step {step}", lambda: sorted(set(names) - set(self._replies.get(step, {}))))
             if isinstance(msg, Reply):
                 self._replies.setdefault(msg.step, {})[msg.worker] = msg
         touched: dict[int, Request] = {}
@@ -386,8 +294,4 @@ class Coordinator:
         self._wire.clear()
         self._by_wire.clear()
         self._inflight.clear()
-        self.launcher.stop(timeout_s=0)
-
-
-def _dead(lines: list[str]) -> str:
-    return "AFD " + "; ".join(lines)
+        self.workers.kill()

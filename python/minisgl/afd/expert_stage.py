@@ -6,13 +6,14 @@ import torch
 from torch import nn
 
 from minisgl.models.config import ModelConfig
+from minisgl.moe.backend import ExpertsBackend
 from minisgl.moe.local_moe import ExpertWeights
 
 
 class ExpertStage(nn.Module):
     """One layer's experts [start, start + count): routed rows in, weighted partial sums out."""
 
-    def __init__(self, config: ModelConfig, start: int, count: int, backend: object) -> None:
+    def __init__(self, config: ModelConfig, start: int, count: int, backend: ExpertsBackend) -> None:
         super().__init__()
         self.experts = ExpertWeights(start, count, config.hidden_size, config.moe_intermediate_size)
         self.backend = backend
@@ -34,7 +35,7 @@ class _Layer(nn.Module):
 class ExpertShard(nn.Module):
     """layers.{i}.mlp.experts.* for every layer: the expert worker's whole model."""
 
-    def __init__(self, config: ModelConfig, start: int, count: int, backend: object) -> None:
+    def __init__(self, config: ModelConfig, start: int, count: int, backend: ExpertsBackend) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_Layer(ExpertStage(config, start, count, backend)) for _ in range(config.num_layers))
 

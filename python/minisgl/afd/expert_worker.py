@@ -3,18 +3,16 @@
 The next receive is posted before computing, so the transfer overlaps the expert GEMMs."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from minisgl.afd.expert_plan import ExpertPlan
-from minisgl.afd.instrument import StepMarks, make_timer
+from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
-from minisgl.afd.protocol import EgPlan, Reply
+from minisgl.afd.protocol import EgPlan, Reply, WorkerSpec
 from minisgl.afd.transport import Transport
-from minisgl.afd.worker import WorkerSpec
-from minisgl.engine.engine import build_backend, build_module, fp8_storage, model_dtype, with_model_path
-from minisgl.models.config import load_config
+from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
 
 
@@ -28,16 +26,12 @@ class Launched:
 class ExpertWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.name = spec.name
-        args = replace(with_model_path(spec.engine_args), device=spec.device)
-        config = load_config(args.model_path)
+        plan = spec.engine_plan.on_device(spec.device)
+        config, device, dtype = plan.config, plan.device, plan.dtype
         start, end = ExpertPlan(config.num_experts, spec.afd_args.expert_workers).owned(spec.index)
-        device = torch.device(spec.device)
-        dtype = model_dtype(args, config)
-        backend = build_backend("moe", args.moe_backend, device)
-        self.shard = build_module(
-            lambda: ExpertShard(config, start, end - start, backend), dtype, device, fp8_storage(config, device)
-        )
-        load_weights(self.shard, args.model_path, config, WeightFilter.expert_worker(start, end))
+        backend = plan.backends.build_one("moe")
+        self.shard = build_module(lambda: ExpertShard(config, start, end - start, backend), dtype, device, plan.fp8)
+        load_weights(self.shard, plan.model_path, config, WeightFilter.expert_worker(start, end))
         self.num_layers = config.num_layers
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,

@@ -10,7 +10,8 @@ from typing import Protocol
 import torch
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.worker import ATTN, WorkerSpec, worker_main
+from minisgl.afd.protocol import ATTN, WorkerSpec
+from minisgl.afd.worker import worker_main
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,43 @@
-"""Step plans and replies between the coordinator and the workers: one plan per worker per step,
-never per layer. Small frozen dataclasses, validated on construction, pickled over ZMQ."""
+"""What the coordinator and the workers exchange: the spec a worker starts from, then step plans and
+replies (one plan per worker per step, never per layer), and a worker's last word when it fails.
+Small frozen dataclasses, validated on construction, pickled over ZMQ."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.afd.args import AfdArgs
+from minisgl.engine.plan import EnginePlan
 from minisgl.sampling_params import SamplingParams
+
+ATTN, EXPERT = "attn", "expert"  # WorkerSpec.role
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # ATTN or EXPERT
+    index: int  # lane index (ATTN) or expert-parallel rank (EXPERT)
+    rank: int  # rank in the torch.distributed world: attention lanes' ranks first, then expert workers
+    store_addr: tuple[str, int]  # the coordinator's TCPStore, which every rank rendezvouses through
+    plan_addr: str  # the coordinator's PUSH socket for this worker
+    reply_addr: str  # the coordinator's PULL socket for all replies
+    engine_plan: EnginePlan  # the coordinator's; a worker takes .on_device(device)
+    afd_args: AfdArgs
+    device: str
+    parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
+    tp_rank: int = 0  # rank inside the attention lane (--afd-attn-tp-size)
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}" + (f".tp{self.tp_rank}" if self.tp_rank else "")
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
+
+    worker: str
+    error_type: str
+    message: str
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from minisgl.afd.transport import PendingCombine, Transport
-from minisgl.layers.linear import Linear
-from minisgl.moe.local_moe import SharedExpert
-from minisgl.moe.router import route
+from minisgl.moe.block import MoEBlock
 from minisgl.parallel.collectives import all_reduce
 from minisgl.parallel.config import SINGLE, ParallelConfig
 
@@ -33,7 +30,7 @@ class StepState:
     bucket: int = 0
 
 
-class RemoteMoE(nn.Module):
+class RemoteMoE(MoEBlock):
     def __init__(
         self,
         hidden: int,
@@ -46,29 +43,18 @@ class RemoteMoE(nn.Module):
         parallel: ParallelConfig = SINGLE,
     ) -> None:
         """transport: None on the lane's TP ranks other than 0."""
-        super().__init__()
-        self.top_k = top_k
-        self.renormalize = renormalize
-        self.parallel = parallel
-        self.gate = Linear(hidden, num_experts)
-        self.shared_expert: SharedExpert | None = None
-        self.shared_expert_gate: Linear | None = None
-        if shared_intermediate:
-            self.shared_expert = SharedExpert(hidden, shared_intermediate, parallel)
-            self.shared_expert_gate = Linear(hidden, 1)
+        super().__init__(hidden, num_experts, top_k, renormalize, parallel)
+        self.add_shared_expert(hidden, shared_intermediate)
         self.transport = transport
         self.step = step
 
     def dispatch(self, x: torch.Tensor, mb: int) -> InFlight:
         pending = None
         if self.transport is not None:
-            weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+            weights, ids = self.route(x)
             pending = self.transport.dispatch(mb, self.step.bucket, x, ids.int(), weights.float())
         # The shared expert runs while the expert workers compute the routed ones.
-        shared = None
-        if self.shared_expert is not None:
-            shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return InFlight(pending, shared, x)
+        return InFlight(pending, self.shared(x), x)
 
     def combine(self, inflight: InFlight) -> torch.Tensor:
         out = None if inflight.pending is None else Transport.combine(inflight.pending)

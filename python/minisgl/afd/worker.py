@@ -1,5 +1,5 @@
-"""What attention and expert workers share: their spec, the control channel to the coordinator,
-and the loop that keeps at most K launched-but-unretired steps."""
+"""A worker process: its entry point, the control channel to the coordinator, and the loop that
+keeps at most K launched-but-unretired steps. (The spec it starts from is in afd/protocol.py.)"""
 from __future__ import annotations
 
 import logging
@@ -8,7 +8,6 @@ import pickle
 import sys
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -17,43 +16,15 @@ import torch.distributed as dist
 import zmq
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.profiling import StepProfiler
-from minisgl.afd.protocol import Reply, Shutdown
-from minisgl.engine.args import EngineArgs
+from minisgl.afd.attention_worker import AttentionWorker
+from minisgl.afd.expert_worker import ExpertWorker
+from minisgl.afd.step_profiler import StepProfiler
+from minisgl.afd.protocol import ATTN, Reply, Shutdown, WorkerFailed, WorkerSpec
 from minisgl.parallel.config import SINGLE, ParallelConfig
 
 logger = logging.getLogger(__name__)
 
-ATTN, EXPERT = "attn", "expert"
 _IDLE_POLL_MS = 500
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    role: str  # ATTN or EXPERT
-    index: int  # lane index (ATTN) or expert-parallel rank (EXPERT)
-    rank: int  # rank in the torch.distributed world: attention lanes' ranks first, then expert workers
-    store_addr: tuple[str, int]  # the coordinator's TCPStore, which every rank rendezvouses through
-    plan_addr: str  # the coordinator's PUSH socket for this worker
-    reply_addr: str  # the coordinator's PULL socket for all replies
-    engine_args: EngineArgs
-    afd_args: AfdArgs
-    device: str
-    parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
-    tp_rank: int = 0  # rank inside the attention lane (--afd-attn-tp-size)
-
-    @property
-    def name(self) -> str:
-        return f"{self.role}{self.index}" + (f".tp{self.tp_rank}" if self.tp_rank else "")
-
-
-@dataclass(frozen=True)
-class WorkerFailed:
-    """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
-
-    worker: str
-    error_type: str
-    message: str
 
 
 class StepRunner(Protocol):
@@ -151,15 +122,11 @@ def worker_main(spec: WorkerSpec) -> None:
         init_distributed(spec)
         lanes = lane_groups(spec.afd_args)
         if spec.role == ATTN:
-            from minisgl.afd.attention_worker import AttentionWorker
-
             tp = spec.afd_args.attn_tp_size
             lane = SINGLE if tp == 1 else ParallelConfig(
                 tp, spec.tp_rank, 1, tuple(range(spec.index * tp, (spec.index + 1) * tp)), lanes[spec.index])
             runner: StepRunner = AttentionWorker(spec, lane)
         else:
-            from minisgl.afd.expert_worker import ExpertWorker
-
             runner = ExpertWorker(spec)
         chan.send(Reply(step=-1, worker=spec.name))  # ready
         serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid, StepProfiler.from_env(spec.name))

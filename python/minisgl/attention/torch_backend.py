@@ -8,6 +8,8 @@ from minisgl.forward_batch import ForwardBatch
 
 
 class TorchAttentionBackend:
+    cuda_graph_safe = False  # walks the requests' lengths on the host
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float
     ) -> torch.Tensor:

@@ -15,12 +15,14 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
+from torch import nn
 
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
+from minisgl.engine.plan import EnginePlan
 from minisgl.engine.sampler import Sampler
 from minisgl.engine.warmup import (
     StepShape,
@@ -32,15 +34,14 @@ from minisgl.engine.warmup import (
     size_ladder,
 )
 from minisgl.forward_batch import ForwardBatch
-from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
+from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
 from minisgl.kvcache.planner import GIB, MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolPlan, plan_pool
 from minisgl.parallel.collectives import max_over_ranks
+from minisgl.parallel.config import ParallelConfig
 from minisgl.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from minisgl.engine.engine import Engine
-
 Run = Callable[[list[StepShape]], None]
+MakeBatch = Callable[[list[list[int]], list[int], list[int]], ForwardBatch]
 
 
 def _peak(run: Callable[[], None]) -> int:
@@ -53,11 +54,12 @@ def _peak(run: Callable[[], None]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def _runner(engine: "Engine", make_batch: Callable[..., ForwardBatch], forward: Callable[[ForwardBatch], torch.Tensor]) -> Run:
-    generator = torch.Generator(device=engine.device).manual_seed(0)
+def _runner(plan: EnginePlan, make_batch: MakeBatch, forward: Callable[[ForwardBatch], torch.Tensor]) -> Run:
+    config, device = plan.config, plan.device
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def sample(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        sampler = Sampler(engine.config.vocab_size, engine.device, engine.config.eos_token_ids, len(params))
+        sampler = Sampler(config.vocab_size, device, config.eos_token_ids, len(params))
         for key, p in enumerate(params):
             sampler.add(key, p, None if p.greedy else generator)
         sampler.sample(logits, list(range(len(params))))
@@ -65,7 +67,7 @@ def _runner(engine: "Engine", make_batch: Callable[..., ForwardBatch], forward: 
     def run(shapes: list[StepShape]) -> None:
         with torch.inference_mode():
             for shape in shapes:
-                run_shape(shape, make_batch, forward, sample, engine.config.vocab_size)
+                run_shape(shape, make_batch, forward, sample, config.vocab_size)
 
     return run
 
@@ -92,16 +94,19 @@ class DevicePreparation:
     def warmup_seconds(self) -> float:
         return self.probe_seconds + self.final_seconds
 
-    def warm_up_final(self, engine: "Engine") -> None:
-        """Step 3, on the real pool: what the scratch pool could not show (decodes beside a chunk at
-        the planned number of rows, decode sizes the graphs do not cover) and the largest prefill
-        step again; the scratch pool's table was as wide, so the other shapes compile nothing new."""
+    def warm_up_final(
+        self, plan: EnginePlan, rows: int, max_len: int, graph_top: int, make_batch: MakeBatch,
+        forward: Callable[[ForwardBatch], torch.Tensor],
+    ) -> None:
+        """Step 3, on the real pool (`rows` slots, `max_len` tokens, decode graphs up to `graph_top`
+        rows): what the scratch pool could not show (decodes beside a chunk at the planned number of
+        rows, decode sizes the graphs do not cover) and the largest prefill step again; the scratch
+        pool's table was as wide, so the other shapes compile nothing new."""
         started, compiles = time.monotonic(), compile_watch.compile_count()
-        rows, chunk, max_len = engine.pool.max_running, engine.args.chunked_prefill_size, engine.max_seq_len
-        graph_top = engine.graph_runner.buckets[-1] if engine.graph_runner is not None else 0
+        chunk = plan.args.chunked_prefill_size
         shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)] + mixed_shapes(rows, chunk, max_len)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
-        run = _runner(engine, engine.make_batch, engine.forward_batch)
+        run = _runner(plan, make_batch, forward)
         self.final_peak_bytes = _peak(lambda: run(shapes))
         self.final_seconds = time.monotonic() - started
         self.final_compiles = compile_watch.compile_count() - compiles
@@ -123,21 +128,21 @@ class DevicePreparation:
         )
 
 
-def prepare_on_device(engine: "Engine", max_prefill_tokens: int) -> DevicePreparation:
-    """Steps 1 and 2: warm up on a scratch pool, measure, plan."""
-    args, config = engine.args, engine.config
+def prepare_on_device(
+    plan: EnginePlan, model: nn.Module, layout: PoolLayout, parallel: ParallelConfig, max_prefill_tokens: int
+) -> DevicePreparation:
+    """Steps 1 and 2: warm up `model` (this rank's, storing `layout`) on a scratch pool, measure, plan."""
+    args, flags, device = plan.args, plan.pool, plan.device
     started, compiles = time.monotonic(), compile_watch.compile_count()
     torch.cuda.synchronize()
     weights = torch.cuda.memory_allocated()
-    ssm_name = args.mamba_ssm_dtype or config.mamba_ssm_dtype
-    ssm_dtype = getattr(torch, ssm_name)
-    table_len = args.context_length or config.max_position_embeddings
-    scratch = HybridPool.scratch(engine.layout, table_len, args.page_size, engine.dtype, ssm_name, engine.device)
+    table_len = flags.max_seq_len
+    scratch = HybridPool.scratch(layout, table_len, flags.page_size, plan.dtype, flags.ssm_dtype, device)
 
     def make_batch(tokens: list[list[int]], prefix: list[int], slots: list[int]) -> ForwardBatch:
-        return ForwardBatch.build(tokens, prefix, slots, scratch.page_table, args.page_size, engine.device)
+        return ForwardBatch.build(tokens, prefix, slots, scratch.page_table, flags.page_size, device)
 
-    run = _runner(engine, make_batch, lambda b: engine.model(b, scratch))
+    run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
     step_peak = _peak(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
     one_row = _peak(lambda: run(decode_shapes([1], table_len)))
@@ -150,18 +155,12 @@ def prepare_on_device(engine: "Engine", max_prefill_tokens: int) -> DevicePrepar
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
     # Each TP rank measured its own device; rank 0's allocator is mirrored on the others, so all
-    # plan one pool, from the tightest rank's figures. (engine.layout is this rank's share.)
-    neg_free, step_peak, row_bytes = max_over_ranks([-free, step_peak, row_bytes], engine.parallel, engine.device)
+    # plan one pool, from the tightest rank's figures. (layout is this rank's share.)
+    neg_free, step_peak, row_bytes = max_over_ranks([-free, step_peak, row_bytes], parallel, device)
     free = -neg_free
     budget = MemoryBudget(free, step_peak, args.mem_fraction_static or DEFAULT_MEM_FRACTION)
-    costs = PoolCosts(
-        slot_bytes=engine.layout.state_bytes_per_slot(engine.dtype, ssm_dtype),
-        row_bytes=row_bytes,
-        page_bytes=engine.layout.kv_bytes_per_page(args.page_size, engine.dtype),
-        page_size=args.page_size,
-    )
-    plan = plan_pool(costs, budget.usable, config.max_position_embeddings, args.context_length,
-                     args.max_running_requests)
-    pool_cfg = PoolConfig(plan.max_running_requests, plan.max_seq_len, args.page_size, plan.num_pages, ssm_name)
-    return DevicePreparation(weights, budget, costs, plan, pool_cfg, time.monotonic() - started,
+    costs = PoolCosts.of(layout, flags.page_size, plan.dtype, getattr(torch, flags.ssm_dtype), row_bytes)
+    pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
+                          args.max_running_requests)
+    return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
                              compile_watch.compile_count() - compiles, max_prefill_tokens)

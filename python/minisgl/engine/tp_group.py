@@ -20,41 +20,35 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import sys
 import time
-import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 import zmq
 
 from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import EnginePlan
+from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.parallel.config import ParallelConfig
-
-if TYPE_CHECKING:
-    from minisgl.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
 
 # A collective waits this long for a peer: model loading on the ranks finishes at different times
 # before the first collective of the warm-up.
 COLLECTIVE_TIMEOUT_S = 1800.0
-_JOIN_TIMEOUT_S = 600.0  # followers' start, model build and load, reported through the store
+JOIN_TIMEOUT_S = 600.0  # followers' start, model build and load, reported through the store
 _POLL_S = 0.05
 _SEND_TIMEOUT_MS = 2000
 _IDLE_POLL_MS = 500
 
 
-def rank_devices(device: str, tp_size: int) -> list[str]:
-    """The device of each TP rank: consecutive GPUs from the one `device` names (cuda:k -> k), or
-    the CPU for all. More ranks than GPUs is an error, raised before anything starts."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+def rank_devices(dev: torch.device, tp_size: int) -> list[str]:
+    """The device of each TP rank: consecutive GPUs from `dev` (cuda:k -> k), or the CPU for all.
+    More ranks than GPUs is an error, raised before anything starts."""
     if dev.type == "cpu":
         return ["cpu"] * tp_size
     if dev.type != "cuda":
@@ -140,7 +134,7 @@ def apply_ops(pool: HybridPool, ops: tuple[PoolOp, ...]) -> None:
 @dataclass(frozen=True)
 class FollowerSpec:
     rank: int
-    args: EngineArgs  # device set to this rank's
+    plan: EnginePlan  # on this rank's device
     store_addr: tuple[str, int]
     step_addr: str
     max_prefill_tokens: int
@@ -152,7 +146,7 @@ class FollowerSpec:
 JOINING, READY = "joining", "ready"
 
 
-def _status_key(rank: int) -> str:
+def status_key(rank: int) -> str:
     return f"tp_status_{rank}"
 
 
@@ -162,7 +156,18 @@ def init_group(backend: str, store: dist.Store, rank: int, args: EngineArgs) -> 
     return ParallelConfig(args.tp_size, rank, args.ep_size, tuple(range(args.tp_size)), dist.group.WORLD)
 
 
-def follow(engine: "Engine", sock: zmq.Socket, parent_pid: int) -> None:
+class FollowerEngine(Protocol):
+    """What a follower's loop drives: its engine's pool, batches and forward."""
+
+    pool: HybridPool
+    device: torch.device
+
+    def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch: ...
+
+    def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
+def follow(engine: FollowerEngine, sock: zmq.Socket, parent_pid: int) -> None:
     """Run rank 0's steps until it says stop or is gone."""
     while True:
         if not sock.poll(_IDLE_POLL_MS):
@@ -179,45 +184,18 @@ def follow(engine: "Engine", sock: zmq.Socket, parent_pid: int) -> None:
         engine.forward_batch(batch, rows)
 
 
-def follower_main(spec: FollowerSpec) -> None:
-    """Process entry point of TP rank spec.rank > 0."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp{spec.rank}: %(message)s", stream=sys.stderr)
-    from minisgl.engine.engine import Engine
-
-    host, port = spec.store_addr
-    store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=_JOIN_TIMEOUT_S))
-    try:
-        device = torch.device(spec.args.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        else:
-            torch.set_num_threads(1)
-        sock = zmq.Context.instance().socket(zmq.PULL)
-        sock.connect(spec.step_addr)
-        store.set(_status_key(spec.rank), JOINING)
-        parallel = init_group("nccl" if device.type == "cuda" else "gloo", store, spec.rank, spec.args)
-        engine = Engine(spec.args, max_prefill_tokens=spec.max_prefill_tokens, parallel=parallel)
-        store.set(_status_key(spec.rank), READY)
-        follow(engine, sock, spec.parent_pid)
-    except BaseException as e:  # noqa: BLE001 - rank 0 reads the reason from the store, then we exit
-        store.set(_status_key(spec.rank), f"{type(e).__name__}: {e}")
-        traceback.print_exc()
-        sys.exit(1)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 # -- rank 0's end ---------------------------------------------------------------------------------
 class TpGroup:
-    """Starts the followers, joins the process group as rank 0, and sends them each step."""
+    """Starts the followers, joins the process group as rank 0, and sends them each step.
+    `entry(spec)` is a follower process's main (engine.follower_main, which builds its Engine)."""
 
-    def __init__(self, args: EngineArgs, max_prefill_tokens: int) -> None:
+    def __init__(self, plan: EnginePlan, max_prefill_tokens: int, entry: Callable[[FollowerSpec], None]) -> None:
+        args = plan.args
         if dist.is_initialized():
             raise ValueError("--tp-size > 1 starts its own process group, but this process already has one")
-        self.devices = rank_devices(args.device, args.tp_size)
+        self.devices = rank_devices(plan.device, args.tp_size)
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=_JOIN_TIMEOUT_S))
+                                   timeout=timedelta(seconds=JOIN_TIMEOUT_S))
         self.zmq = zmq.Context.instance()
         self.socks: list[zmq.Socket] = []
         self.procs: list[mp.process.BaseProcess] = []
@@ -227,9 +205,9 @@ class TpGroup:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)  # a dead follower must fail the send, not block it
             port = sock.bind_to_random_port("tcp://127.0.0.1")
-            spec = FollowerSpec(rank, replace(args, device=self.devices[rank]), ("127.0.0.1", self.store.port),
+            spec = FollowerSpec(rank, plan.on_device(self.devices[rank]), ("127.0.0.1", self.store.port),
                                 f"tcp://127.0.0.1:{port}", max_prefill_tokens, os.getpid())
-            proc = ctx.Process(target=follower_main, args=(spec,), name=f"minisgl-tp{rank}", daemon=True)
+            proc = ctx.Process(target=entry, args=(spec,), name=f"minisgl-tp{rank}", daemon=True)
             proc.start()
             self.socks.append(sock)
             self.procs.append(proc)
@@ -248,7 +226,7 @@ class TpGroup:
         out = []
         for r, p in enumerate(self.procs, start=1):
             if p.exitcode is not None:
-                key = _status_key(r)
+                key = status_key(r)
                 said = self.store.get(key).decode() if self.store.check([key]) else READY
                 out.append(f"TP rank {r} (pid {p.pid}) exited with code {p.exitcode}"
                            + ("" if said in (JOINING, READY) else f": {said}"))
@@ -257,21 +235,21 @@ class TpGroup:
     def wait_for(self, state: str) -> None:
         """Until every follower has reached `state` (JOINING, then READY once its shard is built and
         loaded); raises with a follower's own error, or its exit."""
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         reached = (JOINING, READY) if state == JOINING else (READY,)
         ranks = range(1, len(self.procs) + 1)
         while True:
             dead = self.dead()
             if dead:
                 raise RuntimeError("; ".join(dead))
-            status = {r: self.store.get(_status_key(r)).decode() for r in ranks if self.store.check([_status_key(r)])}
+            status = {r: self.store.get(status_key(r)).decode() for r in ranks if self.store.check([status_key(r)])}
             failed = [f"TP rank {r} failed: {s}" for r, s in status.items() if s not in (JOINING, READY)]
             if failed:
                 raise RuntimeError("; ".join(failed))
             if all(status.get(r) in reached for r in ranks):
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"TP ranks not {state} within {_JOIN_TIMEOUT_S:.0f} s: {status}")
+                raise RuntimeError(f"TP ranks not {state} within {JOIN_TIMEOUT_S:.0f} s: {status}")
             time.sleep(_POLL_S)
 
     def send(self, msg: TpStep | TpShutdown) -> None:

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.layers.fp8 import FP8_DTYPE
+from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX
 
 GROUP = 128  # the checkpoints' block edge: weight blocks are GROUP x GROUP, activation groups 1 x GROUP
 ROWS = 32  # tokens per program: a 4096-element tile, 16 per thread at 4 warps
@@ -65,6 +65,6 @@ def quantize_activations(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch
     if m:
         _quantize_groups_kernel[(triton.cdiv(m, ROWS), groups)](
             x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),
-            ROWS=ROWS, BLOCK=GROUP, FP8_MAX=torch.finfo(FP8_DTYPE).max,
+            ROWS=ROWS, BLOCK=GROUP, FP8_MAX=FP8_MAX,
         )
     return q, s.t()

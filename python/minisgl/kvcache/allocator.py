@@ -37,6 +37,10 @@ class PoolAllocator:
     def used_slots(self) -> int:
         return len(self._pages)
 
+    def holds(self, slot: int) -> bool:
+        """Whether `slot` belongs to a running request."""
+        return slot in self._pages
+
     @property
     def free_pages(self) -> int:
         return len(self._free_pages)

@@ -181,7 +181,6 @@ class HybridPool:
     def check_integrity(self) -> None:
         """free + used == total for pages and slots, and no free slot keeps pages in its table row."""
         self.allocator.check_integrity()
-        used = set(self.allocator._pages)
         for slot in range(1, self.max_running + 1):
-            if slot not in used and bool((self.page_table[self.row(slot)] != DUMMY_PAGE).any()):
+            if not self.allocator.holds(slot) and bool((self.page_table[self.row(slot)] != DUMMY_PAGE).any()):
                 raise AssertionError(f"free slot {slot} still has pages in its table row")

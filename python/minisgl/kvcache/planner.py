@@ -2,7 +2,7 @@
 is left once the weights are loaded and the largest step's activations are reserved.
 
 Pure arithmetic over byte counts, so it is tested on the CPU with a made-up budget; the engine
-measures the budget on the device (engine/memory_probe.py).
+measures the budget on the device (engine/device_memory.py).
 
 Rules, in order:
 - the pool may take `fraction` of what is free after the weights and the measured peak of the
@@ -19,8 +19,11 @@ Rules, in order:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
+
+from minisgl.kvcache.hybrid_pool import PoolConfig, PoolLayout
 from minisgl.kvcache.pages import _num_pages
 
 GIB = float(1 << 30)
@@ -61,6 +64,14 @@ class PoolCosts:
         if self.page_bytes <= 0 or self.page_size <= 0 or self.slot_bytes < 0 or self.row_bytes < 0:
             raise ValueError(f"pool costs must be positive, got {self}")
 
+    @classmethod
+    def of(cls, layout: PoolLayout, page_size: int, dtype: torch.dtype, ssm_dtype: torch.dtype,
+           row_bytes: int) -> "PoolCosts":
+        """The costs of a pool storing `layout` (conv state and K/V in `dtype`), with the measured
+        activations of one decode row."""
+        return cls(layout.state_bytes_per_slot(dtype, ssm_dtype), row_bytes,
+                   layout.kv_bytes_per_page(page_size, dtype), page_size)
+
     def request(self, tokens: int) -> int:
         """One running request of `tokens` tokens: its slot, its activations and its pages."""
         return self.slot_bytes + self.row_bytes + _num_pages(tokens, self.page_size) * self.page_bytes
@@ -78,6 +89,11 @@ class PoolPlan:
 
     def max_concurrency(self, tokens: int, page_size: int) -> int:
         return min(self.max_running_requests, self.num_pages // _num_pages(tokens, page_size))
+
+    def config(self, flags: PoolConfig) -> PoolConfig:
+        """The pool the flags asked for (page size, state dtype), at the planned sizes."""
+        return replace(flags, max_running_requests=self.max_running_requests, max_seq_len=self.max_seq_len,
+                       num_pages=self.num_pages)
 
 
 def plan_pool(

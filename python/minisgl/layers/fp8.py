@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
+from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX
 
 
 def cdiv(a: int, b: int) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.paged_kv import PagedKV
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
@@ -20,7 +21,7 @@ from minisgl.parallel.config import SINGLE, ParallelConfig
 
 class Attention(nn.Module):
     def __init__(
-        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backend: object,
+        self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding, backend: AttentionBackend,
         parallel: ParallelConfig = SINGLE,
     ) -> None:
         super().__init__()

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from minisgl.forward_batch import ForwardBatch
+from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
@@ -22,7 +23,7 @@ from minisgl.parallel.shard import Shard
 
 
 class GatedDeltaNet(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: object, parallel: ParallelConfig = SINGLE) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, backend: GDNBackend, parallel: ParallelConfig = SINGLE) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.parallel = parallel

@@ -42,10 +42,16 @@ def hf_config(name: str, fp8: bool = False) -> dict[str, Any]:
     return raw
 
 
+def cache_root() -> str:
+    """Where minisgl keeps what it builds (the tiny model, config-only model dirs): $MINISGL_CACHE,
+    else ~/.cache/minisgl."""
+    return os.environ.get("MINISGL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
+
+
 def config_dir(name: str, fp8: bool = False, root: str | None = None) -> str:
     """A model directory holding only `name`'s config.json: a `--model-path` for `--load-format
     dummy`. Written under `root` (default: the minisgl cache) and reused."""
-    root = root or os.environ.get("MINISGL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "minisgl")
+    root = root or cache_root()
     path = os.path.join(root, "configs", name + ("-FP8" if fp8 else ""))
     os.makedirs(path, exist_ok=True)
     tmp = os.path.join(path, f".config.json.{os.getpid()}")

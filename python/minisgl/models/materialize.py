@@ -8,6 +8,8 @@ everything else, and every weight on the CPU (where the loader dequantises), in 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -58,3 +60,18 @@ def materialize(model: nn.Module, device: torch.device, fp8: QuantConfig | None)
             if p.is_meta:
                 setattr(module, pname, nn.Parameter(torch.empty_like(p, device=device), requires_grad=False))
     return model
+
+
+def build_module(
+    make: Callable[[], nn.Module], dtype: torch.dtype, device: torch.device, fp8: QuantConfig | None = None
+) -> nn.Module:
+    """Create a module's (uninitialised) params directly in `dtype` on `device` (FP8 ones in FP8 with
+    `fp8`), with no copy: built on meta, then materialised."""
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            module = make()
+    finally:
+        torch.set_default_dtype(prev)
+    return materialize(module, device, fp8)

@@ -1,5 +1,6 @@
 """How a model's heads, channels, experts and vocabulary split over tensor- and expert-parallel
-ranks, and the check that a model can be split so, run before anything is loaded or started.
+ranks, the check that a model can be split so, run before anything is loaded or started, and
+what one rank's pool then holds (pool_layout).
 
 - Full attention: query heads split evenly; KV heads too, or, when there are fewer KV heads than
   ranks, each KV head is replicated on the tp / kv ranks whose query heads read it.
@@ -10,8 +11,9 @@ ranks, and the check that a model can be split so, run before anything is loaded
 """
 from __future__ import annotations
 
+from minisgl.kvcache.hybrid_pool import PoolLayout
 from minisgl.models.config import ModelConfig
-from minisgl.parallel.config import check_sizes
+from minisgl.parallel.config import SINGLE, ParallelConfig, check_sizes
 
 
 def _divides(what: str, total: int, parts: int, flag: str) -> str | None:
@@ -84,3 +86,22 @@ def _fp8_cuts(config: ModelConfig, tp: int, moe_tp: int, flag: str) -> list[str]
         for what, full, parts, block in cuts
         if parts > 1 and (full // parts) % block
     ]
+
+
+def pool_layout(config: ModelConfig, parallel: ParallelConfig = SINGLE) -> PoolLayout:
+    """What one rank's pool stores: its KV heads (one replicated head when there are fewer KV heads
+    than ranks), and its GDN key/value heads' conv channels and recurrent state."""
+    k0, k1 = parallel.kv_head_range(config.num_kv_heads)
+    tp = parallel.tp_size
+    linear = bool(config.linear_layers)
+    return PoolLayout(
+        full_layers=config.full_layers,
+        num_kv_heads=k1 - k0,
+        head_dim=config.head_dim,
+        linear_layers=config.linear_layers,
+        conv_dim=config.conv_dim // tp if linear else 0,
+        conv_kernel=config.linear_conv_kernel_dim,
+        num_value_heads=config.linear_num_value_heads // tp if linear else 0,
+        key_head_dim=config.linear_key_head_dim,
+        value_head_dim=config.linear_value_head_dim,
+    )

@@ -10,29 +10,13 @@ No token exchange is needed: the all-reduce that TP needs anyway combines the ex
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
-from minisgl.layers.linear import Linear, column_parallel, row_parallel
-from minisgl.moe.router import route
+from minisgl.moe.block import MoEBlock
+from minisgl.moe.backend import ExpertsBackend
 from minisgl.parallel.collectives import all_reduce
 from minisgl.parallel.config import SINGLE, ParallelConfig
-
-
-class SharedExpert(nn.Module):
-    """SwiGLU MLP whose output is scaled by sigmoid(x · shared_expert_gate). Under TP a rank holds
-    its slice of the intermediate dim; its output is then a partial sum."""
-
-    def __init__(self, hidden: int, intermediate: int, parallel: ParallelConfig = SINGLE) -> None:
-        super().__init__()
-        part = (parallel.part(intermediate),) if parallel.tp_size > 1 else ()
-        self.gate_proj = column_parallel(hidden, intermediate, *part)
-        self.up_proj = column_parallel(hidden, intermediate, *part)
-        self.down_proj = row_parallel(intermediate, hidden, *part)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class ExpertWeights(nn.Module):
@@ -84,7 +68,7 @@ class ExpertWeights(nn.Module):
         return torch.where((ids >= 0) & (local >= 0) & (local < self.count), local, -1)
 
 
-class LocalMoE(nn.Module):
+class LocalMoE(MoEBlock):
     def __init__(
         self,
         hidden: int,
@@ -93,33 +77,26 @@ class LocalMoE(nn.Module):
         intermediate: int,
         shared_intermediate: int,
         renormalize: bool,
-        experts_backend: object,
+        experts_backend: ExpertsBackend,
         parallel: ParallelConfig = SINGLE,
     ) -> None:
-        super().__init__()
-        self.top_k = top_k
-        self.renormalize = renormalize
-        self.parallel = parallel
-        self.gate = Linear(hidden, num_experts)
+        super().__init__(hidden, num_experts, top_k, renormalize, parallel)
         start, end = parallel.expert_range(num_experts)
         self.all_experts = end - start == num_experts
         self.experts = ExpertWeights(
             start, end - start, hidden, intermediate, parallel.moe_intermediate_range(intermediate)
         )
         self.backend = experts_backend
-        self.shared_expert: SharedExpert | None = None
-        self.shared_expert_gate: Linear | None = None
-        if shared_intermediate:  # 0 = the model has no shared expert (Qwen3-MoE)
-            self.shared_expert = SharedExpert(hidden, shared_intermediate, parallel)
-            self.shared_expert_gate = Linear(hidden, 1)
+        self.add_shared_expert(hidden, shared_intermediate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = self.route(x)
         if not self.all_experts:
             ids = self.experts.local_ids(ids)
         out = self.backend.forward(
             x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales()
         )
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared = self.shared(x)
+        if shared is not None:
+            out = out + shared
         return all_reduce(out, self.parallel)

@@ -12,6 +12,8 @@ from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up
 
 
 class TorchExperts:
+    cuda_graph_safe = False  # picks the experts that received tokens on the host
+
     def forward(
         self,
         x: torch.Tensor,  # [T, H]

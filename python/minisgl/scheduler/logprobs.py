@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from minisgl.scheduler.io import TokenLogprob
+from minisgl.scheduler.messages import TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 
 
 class RequestScheduler(Protocol):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import TokenLogprob
+from minisgl.scheduler.messages import TokenLogprob
 from minisgl.scheduler.stop import StopChecker
 
 

@@ -8,7 +8,8 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
+from minisgl.scheduler.prompt_check import prompt_error
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.stop import DecoderFactory, StopChecker
 
@@ -16,16 +17,8 @@ from minisgl.scheduler.stop import DecoderFactory, StopChecker
 def validate_request(
     prompt_ids: list[int], params: SamplingParams, max_seq_len: int, vocab_size: int, has_tokenizer: bool
 ) -> None:
-    if not prompt_ids:
-        raise ValueError("prompt is empty")
-    if len(prompt_ids) >= max_seq_len:
-        raise ValueError(
-            f"prompt has {len(prompt_ids)} tokens; max_seq_len is {max_seq_len}, "
-            f"so at most {max_seq_len - 1} prompt tokens leave room to generate"
-        )
-    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if (error := prompt_error(prompt_ids, max_seq_len, vocab_size)) is not None:
+        raise ValueError(error)
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
     params.check_vocab(vocab_size)

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 import torch
 
 from minisgl.engine import compile_watch
+from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
-from minisgl.host_copy import to_device
+from minisgl.host_copy import to_device, to_host_async
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
-from minisgl.scheduler.io import (
+from minisgl.scheduler.messages import (
     FINISH_LENGTH,
     GenerateRequest,
     RequestOutput,
@@ -44,21 +45,12 @@ class _Step:
     """A launched forward. Its host tensors may still be in flight until `done` fires."""
 
     sampled: list[Request]  # requests that sampled a token, in row order
-    tokens: torch.Tensor  # [len(sampled)] on the device: the next step's decode inputs
-    host_tokens: torch.Tensor
+    sample: AsyncSample | None = None  # their tokens; sample.tokens are the next step's decode inputs
     lp_rows: list[int] = field(default_factory=list)  # rows of `sampled` that want logprobs
     logprobs: LogprobTensors | None = None
     prompt_lp: list[tuple[Request, list[int]]] = field(default_factory=list)  # request, target tokens
     prompt_logprobs: LogprobTensors | None = None
     scored: list[Request] = field(default_factory=list)  # max_tokens=0 requests whose prompt is done
-    done: torch.cuda.Event | None = None
-
-
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    if t.device.type == "cpu":
-        return t
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    return out.copy_(t, non_blocking=True)
 
 
 class Scheduler:
@@ -72,7 +64,7 @@ class Scheduler:
         self.engine = engine
         self.pool = engine.pool
         self.max_seq_len = engine.max_seq_len
-        self.chunk_size = engine.args.chunked_prefill_size
+        self.chunk_size = engine.plan.args.chunked_prefill_size
         self.prefill_budget = args.max_prefill_tokens
         self.overlap = overlap_enabled(engine.device) if overlap is None else overlap
         self.eos = frozenset(engine.config.eos_token_ids)
@@ -94,7 +86,7 @@ class Scheduler:
         self._outbox: list[RequestOutput] = []  # aborts, reported at the next step
         self._inflight: _Step | None = None
         self._integrity_checks = 0
-        self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.args.seed)
+        self._default_generator = torch.Generator(device=engine.device).manual_seed(engine.plan.args.seed)
         self.sampler = Sampler(engine.config.vocab_size, engine.device, self.eos, self.pool.max_running)
 
     # -- admission ------------------------------------------------------------------------------
@@ -107,13 +99,7 @@ class Scheduler:
         self.validate(list(req.prompt_ids), req.params)
         if req.rid in self._reqs:
             raise ValueError(f"request id {req.rid!r} is already in use")
-        p = req.params
-        generator = None
-        if not p.greedy:
-            generator = self._default_generator
-            if p.seed is not None:
-                generator = torch.Generator(device=self.engine.device).manual_seed(p.seed)
-        r = new_request(req, self.make_decoder, generator)
+        r = new_request(req, self.make_decoder, request_generator(req.params, self._default_generator))
         self._reqs[r.rid] = r
         self.waiting.append(r)
 
@@ -203,7 +189,7 @@ class Scheduler:
         pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
         if pending:
             dst, src = zip(*pending)
-            batch.input_ids[batch.logit_idx[list(dst)]] = self._inflight.tokens[list(src)]
+            batch.input_ids[batch.logit_idx[list(dst)]] = self._inflight.sample.tokens[list(src)]
         step_prompt_lp, prompt_rows = self._prompt_logprob_rows(items, tokens)
         if prompt_rows:  # the scored prompt rows first, then every request's last token
             rows = torch.cat([to_device(prompt_rows, torch.int64, batch.logit_idx.device), batch.logit_idx])
@@ -216,29 +202,28 @@ class Scheduler:
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
         scored = [r for r, _ in items if r.prefill_done and r.params.max_tokens == 0]
-        sampled_tokens = self.sampler.sample(logits[sample_rows], [r.slot for r in sampled])
         for row, r in enumerate(sampled):
             r.num_pending += 1
             r.pending_row = row
-        step = _Step(sampled, sampled_tokens, _to_host(sampled_tokens), scored=scored)
+        step = _Step(sampled, scored=scored)
         step.lp_rows = [row for row, r in enumerate(sampled) if r.params.logprobs is not None]
-        if step.lp_rows:
-            k = max(sampled[row].params.logprobs for row in step.lp_rows)
-            lp = compute_logprobs(logits[sample_rows][step.lp_rows], sampled_tokens[step.lp_rows], k)
-            step.logprobs = lp.map(_to_host)
-        if step_prompt_lp:
-            k = max(r.params.prompt_logprobs for r, _ in step_prompt_lp)
-            targets = to_device([t for _, ts in step_prompt_lp for t in ts], torch.int64, logits.device)
-            step.prompt_lp = step_prompt_lp
-            step.prompt_logprobs = compute_logprobs(prompt_logits, targets, k).map(_to_host)
-        if logits.device.type == "cuda":
-            step.done = torch.cuda.Event()
-            step.done.record()
+
+        def copy_logprobs(tokens: torch.Tensor) -> None:
+            if step.lp_rows:
+                k = max(sampled[row].params.logprobs for row in step.lp_rows)
+                lp = compute_logprobs(logits[sample_rows][step.lp_rows], tokens[step.lp_rows], k)
+                step.logprobs = lp.map(to_host_async)
+            if step_prompt_lp:
+                k = max(r.params.prompt_logprobs for r, _ in step_prompt_lp)
+                targets = to_device([t for _, ts in step_prompt_lp for t in ts], torch.int64, logits.device)
+                step.prompt_lp = step_prompt_lp
+                step.prompt_logprobs = compute_logprobs(prompt_logits, targets, k).map(to_host_async)
+
+        step.sample = sample_async(self.sampler, logits[sample_rows], [r.slot for r in sampled], copy_logprobs)
         return step
 
     def _retire(self, step: _Step) -> list[RequestOutput]:
-        if step.done is not None:
-            step.done.synchronize()
+        tokens = step.sample.wait()  # the logprobs' copies were queued before its event
         touched: dict[int, Request] = {}
         if step.prompt_logprobs is not None:
             targets = [t for _, ts in step.prompt_lp for t in ts]
@@ -250,7 +235,6 @@ class Scheduler:
             if not r.finished:
                 r.finish_reason = FINISH_LENGTH
                 touched[id(r)] = r
-        tokens = step.host_tokens.tolist()
         lp_entries: dict[int, TokenLogprob] = {}
         if step.logprobs is not None:
             rows = step.lp_rows

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.requests import Request
 
-from minisgl.scheduler.io import GenerateRequest
+from minisgl.scheduler.messages import GenerateRequest
 from minisgl.server.engine_client import EngineClient, EngineUnavailable, RequestIdInUse, Submission
 from minisgl.server.errors import ApiError
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from minisgl.scheduler.io import FINISH_STOP, RequestOutput
+from minisgl.scheduler.messages import FINISH_STOP, RequestOutput
 from minisgl.server.chat_stream import ChoiceStream
 from minisgl.server.openai_types import ChatCompletionRequest
 from minisgl.server.reasoning import REASONING_PARSERS, prompt_opens_thinking

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.scheduler.io import FINISH_LENGTH, RequestOutput
+from minisgl.scheduler.messages import FINISH_LENGTH, RequestOutput
 from minisgl.server.openai_types import MAX_CHOICES, CompletionRequest
 from minisgl.server.sampling import requested_max_tokens
 from minisgl.server.serving import (

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
-from minisgl.scheduler.io import RequestOutput
+from minisgl.scheduler.messages import RequestOutput
 from minisgl.server.channel import Addresses, Receiver, Sender
 from minisgl.server.child import parent_alive, setup_child
 from minisgl.server.messages import TextBatch, TokenBatch

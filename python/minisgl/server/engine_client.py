@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from multiprocessing.process import BaseProcess
 from typing import Callable
 
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.server.channel import Addresses, AsyncReceiver, PeerGone, Sender
 from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch, encode
 

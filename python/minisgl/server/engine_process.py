@@ -2,7 +2,7 @@
 work, and streams its outputs to the detokenizer. When idle it runs the pools' integrity check;
 every STATS_INTERVAL it reports stats, which double as the watchdog's heartbeat.
 
-The scheduler comes from scheduler.factory.build_scheduler: the colocated Scheduler, or with
+The scheduler comes from scheduler_factory.build_scheduler: the colocated Scheduler, or with
 --afd the AFD coordinator (which starts its worker processes from here).
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import logging
 import os
 import time
 
-from minisgl.engine.args import EngineArgs
+from minisgl.engine.plan import EnginePlan
 from minisgl.afd.args import AfdArgs
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.factory import build_scheduler
-from minisgl.scheduler.io import FINISH_ABORT, GenerateRequest, RequestOutput
+from minisgl.scheduler_factory import build_scheduler
+from minisgl.scheduler.messages import FINISH_ABORT, GenerateRequest, RequestOutput
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.server.channel import Addresses, Receiver, Sender
 from minisgl.server.child import parent_alive, setup_child
@@ -91,7 +91,7 @@ class EngineLoop:
 
 
 def engine_main(
-    engine_args: EngineArgs,
+    plan: EnginePlan,
     sched_args: SchedulerArgs,
     afd: AfdArgs | None,
     addrs: Addresses,
@@ -102,8 +102,8 @@ def engine_main(
     out = Sender(addrs.detokenizer)
     sched: RequestScheduler | None = None
     try:
-        tokenizer = load_tokenizer(engine_args.model_path)
-        sched = build_scheduler(engine_args, afd, lambda skip: IncrementalDetokenizer(tokenizer, skip), sched_args)
+        tokenizer = load_tokenizer(plan.model_path)
+        sched = build_scheduler(plan, afd, lambda skip: IncrementalDetokenizer(tokenizer, skip), sched_args)
         EngineLoop(sched, Receiver(addrs.engine), out, parent_pid).run()
     except Exception as e:
         logger.exception("engine failed")

@@ -20,7 +20,7 @@ import uvicorn
 
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.args import EngineArgs
-from minisgl.engine.engine import with_model_path
+from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_defaults import load_sampling_defaults
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.server.admission import Admission
@@ -53,8 +53,8 @@ def _stop(procs: dict[str, BaseProcess]) -> None:
 
 def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: ServerArgs, afd: AfdArgs | None) -> None:
     name = server_args.served_model_name or engine_args.model_path or TINY_MODEL_NAME
-    engine_args = with_model_path(engine_args)
-    model_path = engine_args.model_path
+    plan = resolve_plan(engine_args)
+    model_path = plan.model_path
     defaults = load_sampling_defaults(model_path, server_args.generation_config)
     logger.info("%s", defaults.describe())
     spawn = mp.get_context("spawn")  # fork would copy the API server's sockets and threads
@@ -62,7 +62,7 @@ def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: Serve
         addrs = Addresses.in_dir(ipc_dir)
         me, level = os.getpid(), server_args.log_level
         procs: dict[str, BaseProcess] = {
-            "engine": spawn.Process(target=engine_main, args=(engine_args, sched_args, afd, addrs, me, level),
+            "engine": spawn.Process(target=engine_main, args=(plan, sched_args, afd, addrs, me, level),
                                     name="minisgl-engine"),
             "detokenizer": spawn.Process(target=detokenizer_main, args=(model_path, addrs, me, level),
                                          name="minisgl-detokenizer"),

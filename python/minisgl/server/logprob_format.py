@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from minisgl.scheduler.io import TokenLogprob
+from minisgl.scheduler.messages import TokenLogprob
 from minisgl.tokenizer.token_text import TokenTexts
 
 Entry = tuple[int, TokenLogprob | None]  # (token id, its logprob entry; None for the first prompt token)

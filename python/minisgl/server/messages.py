@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats, TokenLogprob
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats, TokenLogprob
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minisgl.scheduler.io import RequestOutput, SchedulerStats
+from minisgl.scheduler.messages import RequestOutput, SchedulerStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 

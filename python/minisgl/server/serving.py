@@ -20,7 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from minisgl.sampling_defaults import SamplingDefaults
 from minisgl.sampling_params import SamplingParams
-from minisgl.scheduler.io import GenerateRequest, RequestOutput, SchedulerInfo
+from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo
+from minisgl.scheduler.prompt_check import prompt_error
 from minisgl.server.admission import Admission, check_text, response_id
 from minisgl.server.engine_client import EngineClient, EngineUnavailable, Submission
 from minisgl.server.errors import ApiError, error_body
@@ -91,16 +92,8 @@ class ServingContext:
             logger.warning("ignoring request fields this server does not know: %s", ", ".join(sorted(body.model_extra)))
 
     def check_prompt(self, ids: list[int]) -> None:
-        info = self.info
-        if not ids:
-            raise ApiError(400, "the prompt is empty", "prompt")
-        if len(ids) >= info.max_seq_len:
-            raise ApiError(400, f"This model's maximum context length is {info.max_seq_len} tokens, and the prompt "
-                                f"has {len(ids)} tokens, leaving no room to generate.", "prompt")
-        bad = [t for t in ids if not 0 <= t < info.vocab_size]
-        if bad:
-            raise ApiError(400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {info.vocab_size})",
-                           "prompt")
+        if (error := prompt_error(ids, self.info.max_seq_len, self.info.vocab_size)) is not None:
+            raise ApiError(400, error, "prompt")
 
     def max_tokens(self, prompt_len: int, requested: int | None) -> int:
         """requested, or all the room left when None; more than the room left is an error (as vLLM)."""

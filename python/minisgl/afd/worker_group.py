@@ -1,0 +1,138 @@
+"""The coordinator's workers as one group: their processes (through a Launcher), the sockets that
+carry plans to each worker and replies back, the rendezvous store, and how any of it failing
+becomes a WorkerFailure that names the worker. Every wait has a deadline; a dead worker's socket
+fails a send instead of blocking it."""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable
+
+import torch.distributed as dist
+import zmq
+
+from minisgl.afd.args import AfdArgs
+from minisgl.afd.launch import Launcher
+from minisgl.afd.protocol import ATTN, EXPERT, Reply, Shutdown, WorkerFailed, WorkerSpec
+from minisgl.engine.plan import EnginePlan
+
+logger = logging.getLogger(__name__)
+_POLL_MS = 100
+_SEND_TIMEOUT_MS = 2000
+_START_TIMEOUT_S = 600.0
+_BLAME_WINDOW_S = 2.0  # how long a live worker's collective error waits for the dead peer behind it
+
+
+class WorkerFailure(RuntimeError):
+    """A worker died, reported an error, or did not answer in time."""
+
+
+class WorkerGroup:
+    """Starts every worker (attention lanes' ranks first, then the expert workers) and returns once
+    all have said they are ready."""
+
+    def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
+        self.launcher: Launcher | None = launcher
+        self.zmq = zmq.Context.instance()
+        self.reply_sock = self.zmq.socket(zmq.PULL)
+        reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
+        self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
+        devices = launcher.devices(afd)
+        self.plan_socks: dict[str, zmq.Socket] = {}
+        specs = []
+        # Each lane's TP ranks are consecutive (one node's GPUs); the plan of a lane goes to each of them.
+        roles = [(ATTN, i, j) for i in range(afd.attn_workers) for j in range(afd.attn_tp_size)]
+        roles += [(EXPERT, r, 0) for r in range(afd.expert_workers)]
+        for rank, (role, index, tp_rank) in enumerate(roles):
+            sock = self.zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+            port = sock.bind_to_random_port(f"tcp://{launcher.host}")
+            spec = WorkerSpec(
+                role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
+                f"tcp://{launcher.host}:{reply_port}", plan, afd, devices[rank],
+                parent_pid=None if afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank,
+            )
+            self.plan_socks[spec.name] = sock
+            specs.append(spec)
+        self.ag_names = [s.name for s in specs if s.role == ATTN and s.tp_rank == 0]  # one per lane
+        self.lane_members = {n: [s.name for s in specs if s.role == ATTN and s.name.split(".")[0] == n]
+                             for n in self.ag_names}
+        self.eg_names = [s.name for s in specs if s.role == EXPERT]
+        launcher.start(specs)
+        ready: set[str] = set()
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        try:
+            while len(ready) < len(specs):
+                msg = self.recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready])
+                if isinstance(msg, Reply) and msg.step == -1:
+                    ready.add(msg.worker)
+        except BaseException:  # nobody gets a handle to close: stop the ones that did start
+            self.close(graceful=False)
+            raise
+        logger.info("AFD: %d attention + %d expert workers ready", afd.attn_workers, afd.expert_workers)
+
+    @property
+    def names(self) -> list[str]:
+        """Every worker, each lane's TP ranks included: each gets every step's plan and replies."""
+        return list(self.plan_socks)
+
+    def dead(self) -> list[str]:
+        return self.launcher.dead() if self.launcher is not None else []
+
+    def recv(self, deadline: float, waiting_for: str, awaited: Callable[[], list[str]]) -> object:
+        """The next message from any worker; raises WorkerFailure on a death, an error or the
+        deadline. Its message names the workers and what became of them; a live worker's error
+        (transport internals, addresses) goes to the log only."""
+        while True:
+            if self.reply_sock.poll(_POLL_MS):
+                msg = pickle.loads(self.reply_sock.recv())
+                if isinstance(msg, WorkerFailed):
+                    logger.error("AFD worker %s failed: %s: %s", msg.worker, msg.error_type, msg.message)
+                    # A peer's death usually surfaces first as a collective error on a live worker:
+                    # give the dead one a moment to be seen, and name it instead.
+                    until = time.monotonic() + _BLAME_WINDOW_S
+                    while not (dead := self.dead()) and time.monotonic() < until:
+                        time.sleep(0.05)
+                    raise WorkerFailure(describe_dead(dead) if dead else
+                                        f"AFD worker {msg.worker} failed ({msg.error_type}; see the server log)")
+                return msg
+            dead = self.dead()
+            if dead:
+                raise WorkerFailure(describe_dead(dead))
+            if time.monotonic() > deadline:
+                raise WorkerFailure(f"AFD workers {', '.join(awaited())} did not answer {waiting_for} in time")
+
+    def send(self, worker: str, data: bytes) -> None:
+        try:
+            self.plan_socks[worker].send(data)
+        except zmq.Again:
+            raise WorkerFailure("; ".join(self.dead()) or f"worker {worker} stopped taking plans") from None
+
+    def kill(self) -> None:
+        """After a failure: the lock-stepped workers cannot go on, so stop them without waiting."""
+        if self.launcher is not None:
+            self.launcher.stop(timeout_s=0)
+
+    def close(self, graceful: bool) -> None:
+        """Stop the workers (`graceful`: tell each to retire its steps and exit first) and close
+        the sockets. Idempotent."""
+        if self.launcher is None:
+            return
+        if graceful:
+            try:
+                for name in self.plan_socks:
+                    self.send(name, pickle.dumps(Shutdown()))
+            except WorkerFailure as e:
+                logger.warning("AFD shutdown: %s", e)
+        self.launcher.stop(timeout_s=10)
+        self.launcher = None
+        for sock in self.plan_socks.values():
+            sock.close()
+        self.reply_sock.close()
+
+
+def describe_dead(lines: list[str]) -> str:
+    return "AFD " + "; ".join(lines)

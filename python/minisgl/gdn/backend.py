@@ -1,0 +1,38 @@
+"""The contract every gated-DeltaNet backend keeps (the torch reference, our Triton kernels, fla).
+
+Batches are flat over tokens: `cu_seqlens` [B+1] delimits the requests of a prefill, a decode has
+one token per request. Request i owns state slot `slots[i]` of the layer's pools; its contents are
+the request's state on entry and are updated in place. Slot 0 is the padding rows' scratch."""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from minisgl.gdn.delta_inputs import DeltaInputs
+
+
+@runtime_checkable
+class GDNBackend(Protocol):
+    # True when decode (conv_decode, delta_decode) reads only device tensors, so a captured CUDA
+    # graph replays it correctly; prefill is never captured.
+    cuda_graph_safe: bool
+
+    def conv_prefill(
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
+    ) -> Tensor:
+        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C].
+        max_len: the longest request when the caller knows it on the host (it sizes a kernel's grid)."""
+        ...
+
+    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
+        """x [B, C], one token per request -> [B, C]; each slot's window shifts by one."""
+        ...
+
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        """The chunked gated delta rule over each request, ssm_state [N, HV, K, V] -> o [T, HV, V]."""
+        ...
+
+    def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:
+        """One recurrent step per request (T = B) -> [B, HV, V]."""
+        ...

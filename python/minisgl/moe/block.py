@@ -1,0 +1,55 @@
+"""What every MoE block holds, colocated (moe/local_moe.py) or on an AFD attention worker
+(afd/remote_moe.py): the router gate and the optional shared expert, scaled by its own sigmoid
+gate. Parameter names are the checkpoint's (gate, shared_expert, shared_expert_gate)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.layers.linear import Linear, column_parallel, row_parallel
+from minisgl.moe.router import route
+from minisgl.parallel.config import SINGLE, ParallelConfig
+
+
+class SharedExpert(nn.Module):
+    """SwiGLU MLP whose output is scaled by sigmoid(x · shared_expert_gate). Under TP a rank holds
+    its slice of the intermediate dim; its output is then a partial sum."""
+
+    def __init__(self, hidden: int, intermediate: int, parallel: ParallelConfig = SINGLE) -> None:
+        super().__init__()
+        part = (parallel.part(intermediate),) if parallel.tp_size > 1 else ()
+        self.gate_proj = column_parallel(hidden, intermediate, *part)
+        self.up_proj = column_parallel(hidden, intermediate, *part)
+        self.down_proj = row_parallel(intermediate, hidden, *part)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, hidden: int, num_experts: int, top_k: int, renormalize: bool, parallel: ParallelConfig) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.parallel = parallel
+        self.gate = Linear(hidden, num_experts)
+        self.shared_expert: SharedExpert | None = None
+        self.shared_expert_gate: Linear | None = None
+
+    def add_shared_expert(self, hidden: int, intermediate: int) -> None:
+        """Called by a subclass after its own params, so that every block registers its params in
+        the order seeded dummy weights are drawn in. 0 = the model has none (Qwen3-MoE)."""
+        if intermediate:
+            self.shared_expert = SharedExpert(hidden, intermediate, self.parallel)
+            self.shared_expert_gate = Linear(hidden, 1)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, expert ids), each [T, top_k]."""
+        return route(self.gate(x), self.top_k, self.renormalize)
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared expert's output (this rank's partial sum under TP), or None without one."""
+        if self.shared_expert is None:
+            return None
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

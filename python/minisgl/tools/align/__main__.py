@@ -1,0 +1,5 @@
+import sys
+
+from minisgl.tools.align.driver import main
+
+sys.exit(main())

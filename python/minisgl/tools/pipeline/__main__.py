@@ -1,0 +1,3 @@
+from minisgl.tools.pipeline.cli import main
+
+main()

@@ -1,0 +1,5 @@
+import sys
+
+from minisgl.tools.preset.cli import main
+
+sys.exit(main())
