@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["LLM", "SamplingParams"]
+__version__ = "0.1.0"  # the one place the version lives: pyproject.toml reads it from here
+__all__ = ["LLM", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
     from minisgl.llm import LLM
