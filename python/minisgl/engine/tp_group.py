@@ -34,6 +34,7 @@ import zmq
 from minisgl.engine.args import EngineArgs
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.parallel.config import ParallelConfig
+from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
 if TYPE_CHECKING:
     from minisgl.engine.engine import Engine
@@ -181,7 +182,9 @@ def follow(engine: "Engine", sock: zmq.Socket, parent_pid: int) -> None:
 
 def follower_main(spec: FollowerSpec) -> None:
     """Process entry point of TP rank spec.rank > 0."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp{spec.rank}: %(message)s", stream=sys.stderr)
+    name_process(f"minisgl-tp{spec.rank}")
+    setup_logging(f"tp{spec.rank}")
+    set_loading_bar(None)  # rank 0 draws the group's bar
     from minisgl.engine.engine import Engine
 
     host, port = spec.store_addr

@@ -32,8 +32,8 @@ class Detokenizer:
         return replace(o, text=stream.push(o.new_token_ids, o.finished)) if stream is not None else o
 
 
-def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int, log_level: str) -> None:
-    setup_child(log_level)
+def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int) -> None:
+    setup_child("detokenizer")
     detok = Detokenizer(load_tokenizer(model_path))
     inbox, out = Receiver(addrs.detokenizer), Sender(addrs.api)
     while parent_alive(parent_pid):
