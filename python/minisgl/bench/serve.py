@@ -1,4 +1,4 @@
-"""`python -m minisgl.bench serve`: random prompts against an OpenAI-compatible /v1/completions
+"""`python -m minisgl.bench serve`: a dataset's prompts against an OpenAI-compatible /v1/completions
 (minisgl, SGLang or vLLM), streamed, at a request rate (Poisson arrivals) and/or a concurrency cap.
 Token counts come from the server's usage; timings from the arrival of streamed chunks."""
 from __future__ import annotations
