@@ -26,6 +26,8 @@ def validate_request(
     bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    if params.n != 1:
+        raise ValueError(f"n={params.n}: an engine request samples once; the caller fans n out (for_choice)")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
     params.check_vocab(vocab_size)
