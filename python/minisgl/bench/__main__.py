@@ -94,7 +94,7 @@ def build_parser(prog: str = "python -m minisgl.bench") -> argparse.ArgumentPars
     p.add_argument("--backend", default="minisgl", help="a label for the result block (default: %(default)s)")
     p.add_argument("--model", help="the model name to send (default: the server's only model)")
     p.add_argument("--tokenizer", help="a checkpoint folder whose tokenizer builds the prompts (default: the "
-                                       "server's model path, /v1/models' root)")
+                                       "server's, from /get_model_info or /v1/models)")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="requests/s, Poisson arrivals; inf = all at once (default: %(default)s)")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no cap)")

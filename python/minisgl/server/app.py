@@ -139,9 +139,10 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
     @app.get("/v1/models", responses=_responses(401))
     async def models(raw: Request) -> dict[str, Any]:
         ctx: ServingContext = raw.app.state.ctx
-        # vLLM's card: the served name as id, the checkpoint path as root (where its tokenizer is).
+        # vLLM's card, without the server's file paths: root is the served name too. Clients that
+        # need the tokenizer's folder ask /get_model_info (SGLang's route), which needs the API key.
         card = {"id": ctx.model_name, "object": "model", "created": created(), "owned_by": "minisgl",
-                "root": ctx.client.info.model_path if ctx.client.info else None, "parent": None,
+                "root": ctx.model_name, "parent": None,
                 "max_model_len": ctx.client.info.max_seq_len if ctx.client.info else None}
         return {"object": "list", "data": [card]}
 
