@@ -2,6 +2,7 @@
 strings held back and cut) and forwards everything else from the engine unchanged, in order."""
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
@@ -14,6 +15,7 @@ from minisgl.tokenizer.detokenizer import TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
 POLL_MS = 200
+logger = logging.getLogger(__name__)
 
 
 class Detokenizer:
@@ -33,8 +35,10 @@ class Detokenizer:
 
 
 def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int) -> None:
-    setup_child("detokenizer")
-    detok = Detokenizer(load_tokenizer(model_path))
+    setup_child("detok")  # ps keeps 15 characters: minisgl-detok
+    tokenizer = load_tokenizer(model_path)
+    logger.info("ready: %s, %d tokens", type(tokenizer).__name__, len(tokenizer))
+    detok = Detokenizer(tokenizer)
     inbox, out = Receiver(addrs.detokenizer), Sender(addrs.api)
     while parent_alive(parent_pid):
         for msg in inbox.recv_all(POLL_MS):
