@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 
+import httpx
 from transformers import PreTrainedTokenizerBase
 
 from minisgl.bench.dataset import DATASETS, BenchRequest, random_requests, sharegpt_requests
@@ -37,8 +38,6 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _requests(ns: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, seed: int) -> list[BenchRequest]:
     if ns.dataset_name == "sharegpt":
-        if not ns.dataset_path:
-            raise ValueError("--dataset-name sharegpt needs --dataset-path (a ShareGPT-format JSON file)")
         return sharegpt_requests(tokenizer, ns.dataset_path, ns.num_prompts, seed, ns.sharegpt_output_len,
                                  ns.sharegpt_context_len)
     return random_requests(tokenizer, ns.num_prompts, ns.input_len, ns.output_len, ns.random_range_ratio, seed)
@@ -57,7 +56,11 @@ def _serve(ns: argparse.Namespace) -> None:
     from minisgl.tokenizer.tokenizer import load_tokenizer
 
     base = ns.base_url.rstrip("/")
-    model, root = serve.served_model(base)
+    try:
+        model, root = serve.served_model(base)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot ask {base} for its model ({type(e).__name__}: {e}) (hint: is the server up? "
+                         f"--base-url names it)") from None
     tokenizer_path = ns.tokenizer or root
     if tokenizer_path is None:
         raise ValueError("the server does not say where its model is; pass --tokenizer")
@@ -112,6 +115,9 @@ def build_parser(prog: str = "python -m minisgl.bench") -> argparse.ArgumentPars
 def main(argv: list[str] | None = None, prog: str = "python -m minisgl.bench") -> None:
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    if ns.dataset_name == "sharegpt" and not ns.dataset_path:
+        parser.exit(2, f"{prog} {ns.command}: error: --dataset-name sharegpt needs --dataset-path (a "
+                       f"ShareGPT-format JSON file)\n")
     try:
         ns.func(ns)
     except ValueError as e:
