@@ -34,7 +34,7 @@ def test_only_the_role_lead_draws_a_bar() -> None:
 
 
 def test_log_level_travels_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(process_setup.LOG_LEVEL_ENV, raising=False)
+    monkeypatch.setenv(process_setup.LOG_LEVEL_ENV, "info")  # so the undo also removes what set_log_level sets
     process_setup.set_log_level("warning")
     assert os.environ[process_setup.LOG_LEVEL_ENV] == "warning"  # what child processes read
     process_setup.setup_logging("t")
