@@ -25,6 +25,7 @@ from minisgl.tokenizer.tokenizer import load_tokenizer
 from minisgl.tools.make_tiny_model import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("restore_logging")  # main() sets up logging on captured stderr
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:

@@ -21,6 +21,8 @@ def test_model_keyword(tiny_checkpoints) -> None:
         LLM(tiny_checkpoints["trained"], model=tiny_checkpoints["bf16"], **ENGINE)
     with pytest.raises(ModelPathError, match="does not exist"):
         LLM(model="/no/such/model")
+    with pytest.raises(ModelPathError, match="huggingface-cli download"):
+        LLM(model="Qwen/Qwen3.5-122B-A10B")
 
 
 def test_model_keyword_loads_that_model(llm: LLM, tiny_checkpoints) -> None:

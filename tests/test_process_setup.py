@@ -13,13 +13,9 @@ from minisgl import process_setup
 
 
 @pytest.fixture(autouse=True)
-def _restore() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+def _restore(restore_logging: None) -> Iterator[None]:
     yield
     process_setup.set_loading_bar("Loading weights")
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def test_only_the_role_lead_draws_a_bar() -> None:
@@ -34,7 +30,6 @@ def test_only_the_role_lead_draws_a_bar() -> None:
 
 
 def test_log_level_travels_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(process_setup.LOG_LEVEL_ENV, "info")  # so the undo also removes what set_log_level sets
     process_setup.set_log_level("warning")
     assert os.environ[process_setup.LOG_LEVEL_ENV] == "warning"  # what child processes read
     process_setup.setup_logging("t")

@@ -25,8 +25,11 @@ def _generate(ns: argparse.Namespace) -> None:
     from minisgl.llm import LLM
     from minisgl.sampling_params import SamplingParams
     from minisgl.server.cli_args import dataclass_from, engine_args_from
+    from minisgl.startup_checks import check_startup
 
-    args = dataclasses.asdict(engine_args_from(ns))
+    engine_args = engine_args_from(ns)
+    check_startup(engine_args.device, engine_args.model_path, engine_args.load_format)
+    args = dataclasses.asdict(engine_args)
     afd = dataclass_from(ns, AfdArgs, "afd_") if ns.afd else None
     params = SamplingParams(temperature=ns.temperature, max_tokens=ns.max_tokens, ignore_eos=ns.ignore_eos)
     if ns.model_path is None:

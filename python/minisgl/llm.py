@@ -15,7 +15,7 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.io import GenerateRequest, RequestOutput, TokenLogprob
 from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.factory import build_scheduler
-from minisgl.startup_checks import check_device, check_model_path
+from minisgl.startup_checks import check_model_path
 from minisgl.tokenizer.chat import render_chat
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
@@ -78,9 +78,8 @@ class LLM:
                 raise ValueError(f"give the model once: model_path={model_path!r} and model={model!r}")
             model_path = model
         args = EngineArgs(model_path=model_path, **engine_args)
-        check_device(args.device)
-        if args.model_path is not None:
-            check_model_path(args.model_path, args.load_format)
+        if args.model_path is not None:  # an HF id or a missing path gets its hint here
+            check_model_path(args.model_path, args.load_format, contents=False)
         args = with_model_path(args)
         self.sampling_defaults = load_sampling_defaults(args.model_path, generation_config)
         logger.info("%s", self.sampling_defaults.describe())

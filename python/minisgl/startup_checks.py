@@ -23,8 +23,17 @@ class ModelPathError(StartupError, FileNotFoundError):
     """The model path is not a usable checkpoint (also what callers catching a missing file expect)."""
 
 
-def check_model_path(path: str, load_format: str = "auto") -> None:
-    """A local checkpoint directory: config.json, a tokenizer and (unless dummy) safetensors."""
+def check_startup(device: str, model_path: str | None, load_format: str) -> None:
+    """What the command line checks before it starts anything: the device and the whole checkpoint."""
+    check_device(device)
+    if model_path is not None:
+        check_model_path(model_path, load_format)
+
+
+def check_model_path(path: str, load_format: str = "auto", contents: bool = True) -> None:
+    """A local checkpoint directory with config.json; with `contents`, also a tokenizer and (unless
+    dummy) safetensors. (The offline API checks contents later, after the layout checks that a
+    config alone allows.)"""
     if not os.path.exists(path):
         if _HF_ID.fullmatch(path) and not path.startswith("."):
             raise ModelPathError(f"model path {path!r} does not exist here; it looks like a Hugging Face id, and "
@@ -37,6 +46,8 @@ def check_model_path(path: str, load_format: str = "auto") -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ModelPathError(f"{path!r} has no config.json, so it is not a model checkpoint (hint: pass the folder "
                            f"that holds config.json, *.safetensors and the tokenizer)")
+    if not contents:
+        return
     try:
         check_has_tokenizer(path)
     except ValueError as e:

@@ -80,8 +80,11 @@ def _offline(ns: argparse.Namespace) -> None:
     from minisgl.bench import offline
     from minisgl.llm import LLM
     from minisgl.server.cli_args import engine_args_from
+    from minisgl.startup_checks import check_startup
 
-    llm = LLM(**dataclasses.asdict(engine_args_from(ns)))
+    args = engine_args_from(ns)
+    check_startup(args.device, args.model_path, args.load_format)
+    llm = LLM(**dataclasses.asdict(args))
     figures = offline.run(llm, _requests(ns, llm.tokenizer, ns.seed), not ns.disable_ignore_eos)
     print(offline.format_block(figures))
     _write(ns.output_json, {"dataset_name": ns.dataset_name, **figures})

@@ -34,7 +34,7 @@ from minisgl.server.engine_process import engine_main
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.request_log import RequestLog
 from minisgl.server.serving import ServingContext
-from minisgl.startup_checks import bind_port, check_device, check_model_path
+from minisgl.startup_checks import bind_port, check_startup
 from minisgl.tokenizer.tokenizer import load_tokenizer
 from minisgl.tools.tiny_default import describe as describe_tiny_model
 
@@ -68,9 +68,7 @@ def served_name(engine_args: EngineArgs, server_args: ServerArgs) -> str:
 
 def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: ServerArgs, afd: AfdArgs | None) -> None:
     # Every start-up mistake is found here, before a process starts or a weight loads.
-    check_device(engine_args.device)
-    if engine_args.model_path is not None:
-        check_model_path(engine_args.model_path, engine_args.load_format)
+    check_startup(engine_args.device, engine_args.model_path, engine_args.load_format)
     sock = bind_port(server_args.host, server_args.port)
     if engine_args.model_path is None:
         logger.info("model: %s", describe_tiny_model())

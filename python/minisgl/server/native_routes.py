@@ -7,13 +7,15 @@
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from minisgl import __version__
+from minisgl.server.admission import check_text
 from minisgl.server.errors import ApiError
+from minisgl.server.json_numbers import JsonNumbersRoute
 from minisgl.server.openai_types import STRICT, ChatMessage, TokenIds
 from minisgl.server.serving import ServingContext
 from minisgl.tokenizer.chat import render_chat
@@ -49,7 +51,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(STRICT, extra="forbid")
 
     model: str | None = None
-    tokens: TokenIds | list[TokenIds]
+    tokens: TokenIds | Annotated[list[TokenIds], Field(min_length=1)]
     skip_special_tokens: bool = True
 
 
@@ -69,7 +71,7 @@ class Version(BaseModel):
     version: str
 
 
-router = APIRouter()
+router = APIRouter(route_class=JsonNumbersRoute)  # JSON numbers read as the OpenAI routes read them
 
 
 def _ctx(raw: Request, model: str | None) -> ServingContext:
@@ -82,6 +84,7 @@ def _ctx(raw: Request, model: str | None) -> ServingContext:
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, raw: Request) -> TokenizeResponse:
     ctx = _ctx(raw, body.model)
+    check_text(body)  # strings the tokenizer cannot take are a 400 naming the field
     if body.messages is not None:
         try:
             text = render_chat(ctx.tokenizer, [m.model_dump(exclude_none=True) for m in body.messages], None,
