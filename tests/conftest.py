@@ -1,8 +1,10 @@
 """Shared fixtures: tiny checkpoints built once per session, and the `gpu` mark's skip on CPU."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,6 +24,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def restore_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests that run a command's main(): it sets the root logger up (on the test's captured
+    stderr) and MINISGL_LOG_LEVEL; both go back afterwards."""
+    from minisgl.process_setup import LOG_LEVEL_ENV
+
+    monkeypatch.setenv(LOG_LEVEL_ENV, os.environ.get(LOG_LEVEL_ENV, "info"))  # the undo restores it
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,6 +23,11 @@ RUNTIME_LIMITS = (
     "not supported by this server",  # accepted for compatibility, refused unless neutral
     "choices per request",  # prompts x n
     "needs logprobs",  # top_logprobs without logprobs
+    "give exactly one of prompt and messages",  # /tokenize
+    "chat_template_kwargs needs messages",
+    "is offered twice",  # tool names: unique within a request
+    "need a server started with --tool-call-parser",  # tools, on a server without a tool parser
+    "min_tokens must be in",  # min_tokens <= max_tokens (which before_call may have clamped)
     "--max-logprob-entries",  # prompt length x n x logprobs
     "does not fit in 64 bits",  # what the engine holds, derived values included (seed + choice index)
     "lone UTF-16 surrogate",  # JSON strings that are not Unicode text
@@ -44,6 +49,11 @@ def before_call(context, case, kwargs) -> None:  # noqa: ANN001 - schemathesis' 
     if case.body.get("max_tokens") is None and case.body.get("max_completion_tokens") is None:
         case.body["max_tokens"] = CAPS["max_tokens"]  # absent or null: all the room left in the context
     case.body.pop("model", None)
+    # Schemathesis' generator ignores propertyNames (its issue #3771), so logit_bias gets keys that
+    # are not token ids; keep only the entries the schema allows.
+    if isinstance(case.body.get("logit_bias"), dict):
+        case.body["logit_bias"] = {k: v for k, v in case.body["logit_bias"].items()
+                                   if k.isascii() and k.isdigit() and type(v) in (int, float)}
     for m in case.body.get("messages") or ():
         if isinstance(m, dict) and m.get("role") not in ROLES:
             m["role"] = "user"

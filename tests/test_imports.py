@@ -21,7 +21,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("bench",),  # benchmark clients: drive a server or the offline LLM
     ("server", "llm"),  # the HTTP server's processes; the offline API
     ("tools",),  # align, pipeline, preset: programs beside the server
-    ("scheduler_factory",),  # flags -> the colocated scheduler or the AFD coordinator
+    ("scheduler_factory", "startup_checks"),  # flags -> a scheduler; start-up mistakes found before loading
     ("tokenizer",),  # tokenize, detokenize (its stop-string search is the scheduler's)
     ("afd",),  # the coordinator is a scheduler built from scheduler/'s rules; workers run engine parts
     ("scheduler",),  # requests, admission, batching, the overlap loop
@@ -31,7 +31,8 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("layers", "kvcache"),  # model building blocks; the pools and their planner
     ("parallel", "kernels"),  # collectives and shards; Triton kernels
     ("forward_batch", "registry", "sampling_defaults", "file_digest"),  # leaves every room may read
-    ("host_copy", "sampling_params"),
+    ("arg_field", "process_setup"),  # flag metadata; process names, log level, loading bars
+    ("host_copy", "sampling_params", "version"),
 )
 LEVEL = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 

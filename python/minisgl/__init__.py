@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["LLM", "SamplingParams"]
+from minisgl.version import __version__
+__all__ = ["LLM", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
     from minisgl.llm import LLM

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, validated on construction (ranges and meanings as vLLM's)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI's top_logprobs allows
@@ -51,6 +51,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     min_tokens: int = 0  # EOS and stop_token_ids are masked, and stop strings unchecked, until this many tokens
     logit_bias: LogitBias = ()  # (token id, bias) added to the logits; a dict {id: bias} is accepted too
+    # Samples per prompt (vLLM's n). The caller fans them out into n engine requests (for_choice);
+    # one engine request samples once.
+    n: int = 1
 
     def __post_init__(self) -> None:
         # Accept lists (and a bare string for `stop`) the way the OpenAI API does.
@@ -81,6 +84,13 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+
+    def for_choice(self, j: int) -> "SamplingParams":
+        """The engine request of sample j of n: with a seed, each sample gets its own stream (seed + j),
+        all reproducible."""
+        return replace(self, n=1, seed=None if self.seed is None else self.seed + j)
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ValueError if logit_bias names a token the model does not have."""

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from minisgl.bench.__main__ import main
+from minisgl.bench.report import RequestResult, summarize
 from server_harness import Server
 
 
@@ -31,3 +34,89 @@ def test_bench_offline(tmp_path, capsys) -> None:
     assert "Offline Throughput Result" in capsys.readouterr().out
     figures = json.loads(out.read_text())
     assert figures["completed"] == 6 and figures["total_output_tokens"] == 18 and figures["total_input_tokens"] == 60
+
+
+# --- SGLang compatibility: dataset names, the ShareGPT format, numpy percentiles, block order -----
+
+SGLANG_ORDER = ("Backend:", "Traffic request rate:", "Max request concurrency:", "Successful requests:",
+                "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
+                "Request throughput (req/s):", "Input token throughput (tok/s):", "Output token throughput (tok/s):",
+                "Total token throughput (tok/s):", "Concurrency:", "End-to-End Latency", "Mean E2E Latency (ms):",
+                "Median E2E Latency (ms):", "Time to First Token", "Mean TTFT (ms):", "Median TTFT (ms):",
+                "P99 TTFT (ms):", "Time per Output Token (excl. 1st token)", "Mean TPOT (ms):", "Median TPOT (ms):",
+                "P99 TPOT (ms):", "Inter-Token Latency", "Mean ITL (ms):", "Median ITL (ms):", "P95 ITL (ms):",
+                "P99 ITL (ms):", "Max ITL (ms):")
+
+
+def _sharegpt_file(path, tokenizer) -> list[tuple[str, str]]:
+    """A small ShareGPT-format file: usable conversations, plus ones the loader must skip."""
+    usable = [(f"Write a function number {i} that adds two values and returns the sum.",
+               f"def add_{i}(a, b):\n    return a + b\n") for i in range(5)]
+    data = [{"id": f"ok{i}", "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+            for i, (q, a) in enumerate(usable)]
+    data += [{"id": "one-turn", "conversations": [{"from": "human", "value": "only a question, never answered"}]},
+             {"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+             {"id": "long", "conversations": [{"from": "human", "value": "word " * 1500},
+                                              {"from": "gpt", "value": "a long enough answer to count"}]}]
+    path.write_text(json.dumps(data))
+    return usable
+
+
+def test_sharegpt_dataset(tmp_path) -> None:
+    from minisgl.bench.dataset import sharegpt_requests
+    from minisgl.tokenizer.tokenizer import load_tokenizer
+    from minisgl.models.tiny.default import default_model_path
+
+    tok = load_tokenizer(default_model_path())
+    usable = _sharegpt_file(tmp_path / "sg.json", tok)
+    reqs = sharegpt_requests(tok, str(tmp_path / "sg.json"), 5, seed=0)
+    expected = {(tuple(tok.encode(q)), len(tok.encode(a, add_special_tokens=False))) for q, a in usable}
+    assert {(r.prompt_ids, r.output_len) for r in reqs} == expected  # the one-turn, short and long ones skipped
+    assert [r.output_len for r in sharegpt_requests(tok, str(tmp_path / "sg.json"), 2, 0, output_len=7)] == [7, 7]
+    with pytest.raises(ValueError, match="5 of its 7 conversations fit"):
+        sharegpt_requests(tok, str(tmp_path / "sg.json"), 6, seed=0)
+    (tmp_path / "bad.json").write_text('[{"conversations": "not a list"}]')
+    with pytest.raises(ValueError, match="item 0 needs a \"conversations\" list"):
+        sharegpt_requests(tok, str(tmp_path / "bad.json"), 1, seed=0)
+
+
+def test_bench_serve_sharegpt(live_server: Server, tmp_path, capsys) -> None:
+    from minisgl.tokenizer.tokenizer import load_tokenizer
+    from minisgl.models.tiny.default import default_model_path
+
+    usable = _sharegpt_file(tmp_path / "sg.json", load_tokenizer(default_model_path()))
+    out = tmp_path / "serve.json"
+    main(["serve", "--base-url", live_server.url, "--dataset-name", "sharegpt", "--dataset-path",
+          str(tmp_path / "sg.json"), "--num-prompts", "5", "--sharegpt-output-len", "4", "--disable-tqdm",
+          "--output-json", str(out)])
+    block = capsys.readouterr().out
+    rows = [line.split("  ")[0].strip() if not line.startswith(("-", "=")) else line.strip("-= ")
+            for line in block.splitlines()[1:-1]]
+    assert [r for r in rows if r in SGLANG_ORDER] == list(SGLANG_ORDER)
+    figures = json.loads(out.read_text())
+    assert figures["dataset_name"] == "sharegpt" and figures["completed"] == len(usable) == 5
+    assert figures["total_output_tokens"] == 5 * 4
+    for stat in ("mean", "median", "std", "p90", "p95", "p99"):
+        assert f"{stat}_ttft_ms" in figures and f"{stat}_itl_ms" in figures
+
+
+def test_bench_flags_as_sglang(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--dataset-name", "sharegpt", "--base-url", "http://127.0.0.1:9"])
+    assert "--dataset-name sharegpt needs --dataset-path" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--base-url", "http://127.0.0.1:9"])  # nothing listens on the discard port
+    assert "cannot ask http://127.0.0.1:9 for its model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--dataset-name", "lmsys"])
+    assert "invalid choice: 'lmsys'" in capsys.readouterr().err
+
+
+def test_percentiles_are_numpys() -> None:
+    """Latencies 100..400 ms: linear interpolation (numpy.percentile), not the nearest rank."""
+    results = [RequestResult(True, 4, 2, latency=t + 0.01, ttft=t, itl=(0.01,)) for t in (0.1, 0.2, 0.3, 0.4)]
+    s = summarize(results, duration=1.0, request_rate=float("inf"), max_concurrency=None)
+    assert s["p90_ttft_ms"] == pytest.approx(370.0) and s["p95_ttft_ms"] == pytest.approx(385.0)
+    assert s["p99_ttft_ms"] == pytest.approx(397.0) and s["median_ttft_ms"] == pytest.approx(250.0)
+    assert s["std_ttft_ms"] == pytest.approx(111.80339887)  # population std of 100, 200, 300, 400
+    assert s["max_itl_ms"] == pytest.approx(10.0)

@@ -71,7 +71,7 @@ def tok(model_dir: str):
 def server(model_dir: str, tok, tmp_path_factory: pytest.TempPathFactory) -> Server:
     # The tools' system turn alone is ~500 byte-level tokens.
     flags = (*SERVER_FLAGS, "--context-length", "1024", "--model-path", model_dir, "--reasoning-parser", "qwen3",
-             "--tool-call-parser", "qwen3_coder")
+             "--tool-call-parser", "qwen3_coder", "--log-level", "info")  # the sampling-defaults line is info
     env = {"MINISGL_TEST_SCRIPTS": json.dumps(_script_ids(tok))}
     entry = (str(Path(__file__).parents[1] / "scripted_serve.py"),)
     with running_server(tmp_path_factory.mktemp("chat-server"), *flags, entry=entry, env=env) as s:

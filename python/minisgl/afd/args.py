@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minisgl.afd.mb_split import MB_SPLITS
+from minisgl.arg_field import arg
 
 LAUNCHERS = ("local", "ray")
 DISPATCH_DTYPES = ("bf16", "fp8")
@@ -11,19 +12,27 @@ DISPATCH_DTYPES = ("bf16", "fp8")
 
 @dataclass(frozen=True)
 class AfdArgs:
-    attn_workers: int = 1  # M attention workers, one data-parallel lane each
-    expert_workers: int = 1  # N expert workers, expert parallel
-    num_mb: int = 1  # micro-batches per lane step: 1 = serialized, 2 = ping-pong
-    async_pending_steps: int = 2  # launched-but-unretired steps per worker; the coordinator leads by this + 1
-    dispatch_dtype: str = "bf16"  # hidden states on the wire AG -> EG ("bf16" = the model dtype)
-    launcher: str = "local"
-    attn_nodes: str | None = None  # ray: comma-separated node IPs for the attention workers
-    expert_nodes: str | None = None  # ray: node IPs for the expert workers
-    attn_tp_size: int = 1  # tensor-parallel ranks inside each attention lane
-    step_timeout_s: float = 60.0  # the longest the coordinator waits for one step's replies
-    cpu_threads: int = 1  # torch threads per worker process on the CPU
-    mb_split: str = "count"  # "count" | "context": balance full-attention context across micro-batches
-    layer_timing_dir: str | None = None  # per-layer timing JSON per step and worker here; None = off, no cost
+    attn_workers: int = arg(1, "M attention workers (AG), one data-parallel lane each: requests, KV and state "
+                               "pools, attention/GDN, router, shared expert, sampling")
+    expert_workers: int = arg(1, "N expert workers (EG), expert parallel: each owns num_experts / N routed experts")
+    num_mb: int = arg(1, "micro-batches per lane step: 1 = serialized, 2 = ping-pong (the AG computes one "
+                         "micro-batch while the EG runs the other's experts)")
+    async_pending_steps: int = arg(2, "launched-but-unretired steps per worker; the coordinator leads by this + 1")
+    dispatch_dtype: str = arg("bf16", "hidden states on the wire AG -> EG: bf16 (the model dtype) or fp8 "
+                                      "(block-quantised, half the bytes)", DISPATCH_DTYPES)
+    launcher: str = arg("local", "local: worker processes on this host, one GPU each; ray: placed on the nodes of "
+                                 "--afd-attn-nodes / --afd-expert-nodes", LAUNCHERS)
+    attn_nodes: str | None = arg(None, "ray: comma-separated node IPs for the attention workers")
+    expert_nodes: str | None = arg(None, "ray: comma-separated node IPs for the expert workers")
+    attn_tp_size: int = arg(1, "tensor-parallel ranks (GPUs) of each attention lane; only each lane's rank 0 talks "
+                               "to the expert workers")
+    step_timeout_s: float = arg(60.0, "the longest the coordinator waits for one step's replies before it reports "
+                                      "the workers as failed")
+    cpu_threads: int = arg(1, "torch threads per worker process on the CPU")
+    mb_split: str = arg("count", "how a lane's requests split into micro-batches: count (equal numbers) or "
+                                 "context (balanced full-attention context)", MB_SPLITS)
+    layer_timing_dir: str | None = arg(None, "write per-layer timing JSON per step and worker here (off when "
+                                             "unset, at no cost)")
 
     def __post_init__(self) -> None:
         if self.attn_workers < 1:

@@ -21,6 +21,7 @@ from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.step_profiler import StepProfiler
 from minisgl.afd.protocol import ATTN, Reply, Shutdown, WorkerFailed, WorkerSpec
 from minisgl.parallel.config import SINGLE, ParallelConfig
+from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -100,19 +101,13 @@ def lane_groups(afd: AfdArgs) -> list[object]:
     return [dist.new_group(list(range(i * tp, (i + 1) * tp))) for i in range(afd.attn_workers)]
 
 
-def _name_process(name: str) -> None:
-    """The name ps and top show (Linux), so an operator can tell the workers apart (and kill one)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(name[:15])  # the kernel keeps 15 characters
-    except OSError:
-        pass  # not Linux: the name is only a convenience
-
-
 def worker_main(spec: WorkerSpec) -> None:
     """Process entry point for one worker."""
-    _name_process(f"minisgl-{spec.name}")
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {spec.name}: %(message)s", stream=sys.stderr)
+    name_process(f"minisgl-{spec.name}")
+    setup_logging(spec.name)
+    lead = spec.index == 0 and spec.tp_rank == 0  # one loading bar per role, each on its own line
+    set_loading_bar(f"Loading weights ({'attention' if spec.role == ATTN else 'experts'})" if lead else None,
+                    line=0 if spec.role == ATTN else 1)
     chan = ControlChannel(spec.plan_addr, spec.reply_addr)
     try:
         if spec.device.startswith("cuda"):

@@ -1,4 +1,4 @@
-"""`python -m minisgl.bench offline`: the LLM API's throughput on the random dataset."""
+"""`python -m minisgl.bench offline`: the LLM API's throughput on a benchmark dataset."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,7 @@ from minisgl.sampling_params import SamplingParams
 def run(llm: LLM, reqs: list[BenchRequest], ignore_eos: bool) -> dict:
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=ignore_eos) for r in reqs]
     start = time.perf_counter()
-    results = llm.generate([list(r.prompt_ids) for r in reqs], params)
+    results = llm.generate([list(r.prompt_ids) for r in reqs], params, use_tqdm=False)
     duration = time.perf_counter() - start
     tin = sum(len(r.prompt_ids) for r in reqs)
     return throughput(len(reqs), tin, sum(len(r.token_ids) for r in results), duration)

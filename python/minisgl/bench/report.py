@@ -1,8 +1,10 @@
-"""The serving result block, in the layout sglang.bench_serving users read, and its JSON form."""
+"""The serving result block, in the layout and order of sglang.bench_serving, and its JSON form.
+Percentiles are numpy.percentile's (linear interpolation), std the population standard deviation."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -16,13 +18,17 @@ class RequestResult:
     error: str = ""
 
 
-def _ms(xs: list[float]) -> tuple[float, float, float]:
-    """Mean, median and P99 in ms (0s when empty)."""
+STATS = ("mean", "median", "std", "p90", "p95", "p99")
+_STAT_LABELS = {"mean": "Mean", "median": "Median", "std": "Std", "p90": "P90", "p95": "P95", "p99": "P99"}
+
+
+def _ms(xs: list[float]) -> dict[str, float]:
+    """Each of STATS in ms (0s when empty)."""
     if not xs:
-        return 0.0, 0.0, 0.0
-    s = sorted(xs)
-    p99 = s[min(len(s) - 1, int(round(0.99 * (len(s) - 1))))]
-    return statistics.fmean(s) * 1e3, statistics.median(s) * 1e3, p99 * 1e3
+        return dict.fromkeys(STATS, 0.0)
+    a = np.asarray(xs, dtype=np.float64) * 1e3
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "std": float(a.std()),
+            **{f"p{q}": float(np.percentile(a, q)) for q in (90, 95, 99)}}
 
 
 def throughput(completed: int, input_tokens: int, output_tokens: int, duration: float) -> dict:
@@ -41,6 +47,7 @@ def throughput(completed: int, input_tokens: int, output_tokens: int, duration: 
 def summarize(results: list[RequestResult], duration: float, request_rate: float, max_concurrency: int | None) -> dict:
     ok = [r for r in results if r.ok]
     tpot = [(r.latency - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
+    itl = [x for r in ok for x in r.itl]
     out = {
         "request_rate": request_rate,
         "max_concurrency": max_concurrency,
@@ -49,8 +56,9 @@ def summarize(results: list[RequestResult], duration: float, request_rate: float
         "concurrency": sum(r.latency for r in ok) / duration,
     }
     for name, xs in (("e2e_latency", [r.latency for r in ok]), ("ttft", [r.ttft for r in ok]), ("tpot", tpot),
-                     ("itl", [x for r in ok for x in r.itl])):
-        out[f"mean_{name}_ms"], out[f"median_{name}_ms"], out[f"p99_{name}_ms"] = _ms(xs)
+                     ("itl", itl)):
+        out.update({f"{stat}_{name}_ms": value for stat, value in _ms(xs).items()})
+    out["max_itl_ms"] = max(itl) * 1e3 if itl else 0.0
     return out
 
 
@@ -62,10 +70,10 @@ def render(title: str, rows: list[tuple[str, object] | str]) -> str:
     lines = [f" {title} ".center(_WIDTH, "=")]
     for row in rows:
         if isinstance(row, str):
-            lines.append(f" {row} ".center(_WIDTH, "-"))
+            lines.append(f"{row}".center(_WIDTH, "-"))
         else:
             label, value = row
-            lines.append(f"{label:<41}{value:.2f}" if isinstance(value, float) else f"{label:<41}{value}")
+            lines.append(f"{label:<40} {value:.2f}" if isinstance(value, float) else f"{label:<40} {value}")
     lines.append("=" * _WIDTH)
     return "\n".join(lines)
 
@@ -88,8 +96,9 @@ def format_block(s: dict, backend: str) -> str:
         ("Backend:", backend),
         ("Traffic request rate:", s["request_rate"]),
         ("Max request concurrency:", s["max_concurrency"] or "not set"),
+        *throughput_rows(s)[:1],
         ("Failed requests:", s["failed"]),
-        *throughput_rows(s),
+        *throughput_rows(s)[1:],
         ("Concurrency:", s["concurrency"]),
     ]
     for title, key, label in (("End-to-End Latency", "e2e_latency", "E2E Latency"),
@@ -97,6 +106,6 @@ def format_block(s: dict, backend: str) -> str:
                               ("Time per Output Token (excl. 1st token)", "tpot", "TPOT"),
                               ("Inter-Token Latency", "itl", "ITL")):
         rows.append(title)
-        rows += [(f"{name} {label} (ms):", s[f"{stat}_{key}_ms"])
-                 for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99"))]
+        rows += [(f"{_STAT_LABELS[stat]} {label} (ms):", s[f"{stat}_{key}_ms"]) for stat in STATS]
+    rows.append(("Max ITL (ms):", s["max_itl_ms"]))
     return render("Serving Benchmark Result", rows)

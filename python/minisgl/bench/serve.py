@@ -1,4 +1,4 @@
-"""`python -m minisgl.bench serve`: random prompts against an OpenAI-compatible /v1/completions
+"""`python -m minisgl.bench serve`: a dataset's prompts against an OpenAI-compatible /v1/completions
 (minisgl, SGLang or vLLM), streamed, at a request rate (Poisson arrivals) and/or a concurrency cap.
 Token counts come from the server's usage; timings from the arrival of streamed chunks."""
 from __future__ import annotations
@@ -85,6 +85,8 @@ async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True)
 
 
 def served_model(base_url: str) -> tuple[str, str | None]:
-    """(the model id, its local path when the server says so: minisgl's and vLLM's `root`)."""
+    """(the model id, its tokenizer's folder where the server says: /get_model_info on minisgl and
+    SGLang, else /v1/models' root, vLLM's checkpoint path)."""
     card = httpx.get(base_url + "/v1/models", timeout=30).raise_for_status().json()["data"][0]
-    return card["id"], card.get("root")
+    info = httpx.get(base_url + "/get_model_info", timeout=30)
+    return card["id"], info.json()["tokenizer_path"] if info.status_code == 200 else card.get("root")

@@ -3,9 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minisgl.arg_field import arg
+from minisgl.attention.registry import ATTENTION_BACKENDS
+from minisgl.gdn.registry import GDN_BACKENDS
+from minisgl.moe.registry import MOE_BACKENDS
 from minisgl.parallel.config import check_sizes
 
 LOAD_FORMATS = ("auto", "dummy")
+DTYPES = ("float32", "bfloat16", "float16")
+# What vLLM also accepts (half, float) and the short names people type (bf16, fp16, fp32).
+SSM_DTYPES = ("float32", "bfloat16")
+DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
 CPU_MAX_RUNNING_REQUESTS = 16  # the CPU's default: no memory to measure, so a fixed, small pool
 # The planner measures the activation peak, so what is left is headroom for allocator slack only.
 DEFAULT_MEM_FRACTION = 0.95
@@ -13,30 +21,40 @@ DEFAULT_MEM_FRACTION = 0.95
 
 @dataclass(frozen=True)
 class EngineArgs:
-    model_path: str | None = None  # None = the embedded tiny default model
-    load_format: str = "auto"  # auto = the checkpoint's safetensors; dummy = seeded random weights (config.json only)
-    dtype: str = "auto"  # auto = the checkpoint's dtype
-    device: str = "auto"  # auto = cuda when available, else cpu
-    page_size: int = 64
-    max_running_requests: int | None = None  # None: 16 on the CPU; on a GPU, what the memory planner fits
-    context_length: int | None = None  # max tokens per request; None: the model's limit (on a GPU, lowered to what fits)
-    num_pages: int | None = None  # KV pages; None: every slot can reach the context (CPU), the planner's (GPU)
-    chunked_prefill_size: int = 1024  # prompt tokens per request per step; per step while others decode
-    attention_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
-    gdn_backend: str = "auto"  # auto = torch on the CPU; fla when installed, else triton, on CUDA
-    moe_backend: str = "auto"  # auto = torch on the CPU, triton on CUDA
-    mamba_ssm_dtype: str | None = None  # None = the config's mamba_ssm_dtype (fp32)
-    seed: int = 0
-    disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int | None = None  # None: every batch size up to max_running_requests
-    # On a GPU, the share of memory left after the weights and the measured activation peak that the
-    # pool (state slots, KV pages) may take. None: DEFAULT_MEM_FRACTION. Alias: --gpu-memory-utilization.
-    mem_fraction_static: float | None = None
-    # Tensor parallelism: one process per rank (this one is rank 0 and runs the scheduler).
-    tp_size: int = 1
-    # Expert parallelism over the TP ranks: experts split into ep_size groups, each expert's
-    # intermediate dim over the tp_size / ep_size ranks of its group.
-    ep_size: int = 1
+    model_path: str | None = arg(None, "checkpoint directory (HF layout: config.json, *.safetensors, tokenizer); "
+                                       "default: the embedded tiny model")
+    load_format: str = arg("auto", "auto: the checkpoint's safetensors; dummy: seeded random weights from config.json "
+                                   "alone (benchmarks at real shapes without a checkpoint)", LOAD_FORMATS)
+    dtype: str = arg("auto", "weights and activations; auto: the checkpoint's dtype (half = fp16 = float16, "
+                             "bf16 = bfloat16, float = fp32 = float32)", ("auto", *DTYPES, *DTYPE_ALIASES))
+    device: str = arg("auto", "cpu, cuda or cuda:N; auto: cuda when available, else cpu")
+    page_size: int = arg(64, "tokens per KV page")
+    max_running_requests: int | None = arg(None, "most requests running at once (default: 16 on the CPU; on a GPU, "
+                                                 "what the memory planner fits)")
+    context_length: int | None = arg(None, "max tokens per request, prompt + output (default: the model's limit; on "
+                                           "a GPU lowered to what fits)")
+    num_pages: int | None = arg(None, "KV pages to allocate (default: on the CPU every slot can reach the context "
+                                      "length; on a GPU the memory planner's; setting it pins the pool)")
+    chunked_prefill_size: int = arg(1024, "max prompt tokens of one request per step, and of all requests per step "
+                                          "while others decode (bounds the inter-token latency)")
+    attention_backend: str = arg("auto", "full-attention kernels; auto: torch on the CPU, triton on CUDA",
+                                 ("auto", *ATTENTION_BACKENDS.names()))
+    gdn_backend: str = arg("auto", "gated DeltaNet kernels; auto: torch on the CPU, fla when installed (else "
+                                   "triton) on CUDA", ("auto", *GDN_BACKENDS.names()))
+    moe_backend: str = arg("auto", "routed-expert kernels; auto: torch on the CPU, triton on CUDA",
+                           ("auto", *MOE_BACKENDS.names()))
+    mamba_ssm_dtype: str | None = arg(None, "dtype of the GDN recurrent state (default: the config's, fp32)",
+                                      (*SSM_DTYPES, *(a for a, t in DTYPE_ALIASES.items() if t in SSM_DTYPES)))
+    seed: int = arg(0, "seed of sampling (requests without their own seed) and of dummy weights")
+    disable_cuda_graph: bool = arg(False, "run decode eagerly instead of replaying captured CUDA graphs")
+    cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
+                                              "--max-running-requests)")
+    mem_fraction_static: float | None = arg(
+        None, f"GPU: share of the memory left after the weights and the measured activation peak that the pool "
+              f"(state slots, KV pages) takes (default {DEFAULT_MEM_FRACTION})", aliases=("--gpu-memory-utilization",))
+    tp_size: int = arg(1, "tensor-parallel ranks: the model sharded over this many GPUs of the node, one process each")
+    ep_size: int = arg(1, "expert-parallel groups over the TP ranks (divides --tp-size): each group owns "
+                          "num_experts / ep_size experts, each expert split over tp_size / ep_size ranks")
 
     def __post_init__(self) -> None:
         if self.max_running_requests is not None and self.max_running_requests < 1:
@@ -52,7 +70,11 @@ class EngineArgs:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.mamba_ssm_dtype not in (None, "float32", "bfloat16"):
+        # Aliases become torch's names here, so every reader of the args sees one spelling.
+        for name in ("dtype", "mamba_ssm_dtype"):
+            object.__setattr__(self, name, DTYPE_ALIASES.get(getattr(self, name), getattr(self, name)))
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be auto, {', '.join(DTYPES)} or an alias ({', '.join(DTYPE_ALIASES)}), "
+                             f"got {self.dtype!r}")
+        if self.mamba_ssm_dtype not in (None, *SSM_DTYPES):
             raise ValueError(f"mamba_ssm_dtype must be float32 or bfloat16, got {self.mamba_ssm_dtype!r}")

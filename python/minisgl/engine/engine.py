@@ -33,6 +33,7 @@ from minisgl.models.sharding import check_parallel
 from minisgl.models.weights import WeightFilter, load_weights
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
+from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,9 @@ class Engine:
 def follower_main(spec: FollowerSpec) -> None:
     """Process entry point of TP rank spec.rank > 0: join rank 0's group, build this rank's engine,
     then run rank 0's steps until it says stop or is gone."""
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s tp{spec.rank}: %(message)s", stream=sys.stderr)
+    name_process(f"minisgl-tp{spec.rank}")
+    setup_logging(f"tp{spec.rank}")
+    set_loading_bar(None)  # rank 0 draws the group's bar
     host, port = spec.store_addr
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=JOIN_TIMEOUT_S))
     try:

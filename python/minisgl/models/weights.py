@@ -24,12 +24,12 @@ from typing import Any, Iterator
 import torch
 from safetensors import safe_open
 from torch import nn
-from tqdm import tqdm
 
 from minisgl.layers.fp8 import FP8_DTYPE, dequantize_block_fp8, quantize_block_fp8, quantize_gate_up
 from minisgl.models.config import ModelConfig
 from minisgl.moe.local_moe import ExpertWeights
 from minisgl.parallel.shard import Shard
+from minisgl.process_setup import loading_bar
 
 _PREFIXES = ("model.language_model.", "model.")
 _SKIPPED = ("model.visual.", "visual.", "mtp.", "model.mtp.")
@@ -101,7 +101,7 @@ def iter_checkpoint(model_dir: str) -> Iterator[tuple[str, DiskTensor]]:
     for p in paths:
         with safe_open(p, framework="pt") as f:
             total += len(f.keys())
-    with tqdm(total=total, desc="Loading weights", unit="tensor") as bar:
+    with loading_bar(total, "tensor") as bar:
         for p in paths:
             with safe_open(p, framework="pt") as f:
                 for name in f.keys():

@@ -6,13 +6,16 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.arg_field import arg
+
 # Set to 1 to run every step synchronously even where the device is asynchronous.
 DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
 
 
 @dataclass(frozen=True)
 class SchedulerArgs:
-    max_prefill_tokens: int = 16384  # prefill tokens per step, over all requests (each chunk <= chunked_prefill_size)
+    max_prefill_tokens: int = arg(16384, "max prompt tokens of all requests per step (each request's chunk is at "
+                                         "most --chunked-prefill-size)")
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens < 1:

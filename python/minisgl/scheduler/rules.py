@@ -19,6 +19,8 @@ def validate_request(
 ) -> None:
     if (error := prompt_error(prompt_ids, max_seq_len, vocab_size)) is not None:
         raise ValueError(error)
+    if params.n != 1:
+        raise ValueError(f"n={params.n}: an engine request samples once; the caller fans n out (for_choice)")
     if params.stop and not has_tokenizer:
         raise ValueError("stop strings need a tokenizer")
     params.check_vocab(vocab_size)

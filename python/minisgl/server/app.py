@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI-compatible routes, health, metrics, abort and server info. Every error
+"""The FastAPI app: OpenAI-compatible routes, SGLang's native ones (server/native_routes.py), health,
+metrics, abort and server info. Every error
 is an OpenAI-shaped body with a message: 400 for bad input (naming the field), 401 without the API
 key, 404 for an unknown model or route, 405 (with Allow) for a wrong method, 408/413 for a body too
 slow or too large, 503 (with the reason) once the engine is gone or while the server is full."""
@@ -17,6 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from minisgl.version import __version__
+from minisgl.server import native_routes
 from minisgl.server.args import ServerArgs
 from minisgl.server.auth import ApiKeyAuth
 from minisgl.server.chat import create_chat_completion
@@ -96,9 +99,9 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
         app.state.ctx = ctx
         info = await ctx.client.start(args.startup_timeout)
         logger.info(
-            "ready: serving %s (%s); %d KV pages of %d tokens, %d request/state slots, max_seq_len %d; engine ready "
+            "ready on http://%s:%d: serving %s (%s); %d KV pages of %d tokens, %d request/state slots, max_seq_len %d; engine ready "
             "in %.1f s, warm-up %.1f s with %d Triton compiles/autotunes",
-            ctx.model_name, info.device, info.total_pages, info.page_size, info.max_running_requests, info.max_seq_len,
+            args.host, args.port, ctx.model_name, info.device, info.total_pages, info.page_size, info.max_running_requests, info.max_seq_len,
             info.startup_seconds, info.warmup_seconds, info.warmup_compiles,
         )
         try:
@@ -106,7 +109,7 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
         finally:
             await ctx.client.stop()
 
-    app = FastAPI(title="minisgl", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="minisgl", version=__version__, lifespan=lifespan)
     app.router.route_class = JsonNumbersRoute  # before any route is added
     app.add_middleware(BodyLimits, max_bytes=args.max_request_body_bytes, timeout_s=args.body_read_timeout)
     if args.api_key is not None:
@@ -136,8 +139,10 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
     @app.get("/v1/models", responses=_responses(401))
     async def models(raw: Request) -> dict[str, Any]:
         ctx: ServingContext = raw.app.state.ctx
+        # vLLM's card, without the server's file paths: root is the served name too. Clients that
+        # need the tokenizer's folder ask /get_model_info (SGLang's route), which needs the API key.
         card = {"id": ctx.model_name, "object": "model", "created": created(), "owned_by": "minisgl",
-                "root": ctx.client.info.model_path if ctx.client.info else None,
+                "root": ctx.model_name, "parent": None,
                 "max_model_len": ctx.client.info.max_seq_len if ctx.client.info else None}
         return {"object": "list", "data": [card]}
 
@@ -167,6 +172,7 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
         Each aborted choice still gets its reply: finish_reason "abort" with what it produced so far."""
         return {"aborted": raw.app.state.ctx.client.abort_request_id(body.rid)}
 
+    app.include_router(native_routes.router, responses=_responses(400, 401, 404, 408, 413, 503))
     generation = _responses(400, 401, 404, 408, 413, 503, **{"200": _STREAM})
     app.post("/v1/completions", responses=generation)(create_completion)
     app.post("/v1/chat/completions", responses=generation)(create_chat_completion)

@@ -1,5 +1,5 @@
 """--api-key: every /v1/* route and the admin routes need `Authorization: Bearer <key>`; /health,
-/metrics and the API docs stay open (as vLLM does), so probes and scrapers need no secret. The
+/metrics, /version and the API docs stay open (as vLLM does), so probes and scrapers need no secret. The
 key is checked before the body is read, so an unauthenticated client cannot make the server
 read or parse anything."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minisgl.server.errors import error_response
 
-ADMIN_ROUTES = frozenset({"/abort_request", "/server_info"})
+ADMIN_ROUTES = frozenset({"/abort_request", "/server_info", "/tokenize", "/detokenize", "/get_model_info"})
 
 
 def needs_key(path: str) -> bool:

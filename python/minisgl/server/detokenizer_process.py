@@ -2,6 +2,7 @@
 strings held back and cut) and forwards everything else from the engine unchanged, in order."""
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
@@ -14,6 +15,7 @@ from minisgl.tokenizer.detokenizer import TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
 POLL_MS = 200
+logger = logging.getLogger(__name__)
 
 
 class Detokenizer:
@@ -32,9 +34,11 @@ class Detokenizer:
         return replace(o, text=stream.push(o.new_token_ids, o.finished)) if stream is not None else o
 
 
-def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int, log_level: str) -> None:
-    setup_child(log_level)
-    detok = Detokenizer(load_tokenizer(model_path))
+def detokenizer_main(model_path: str, addrs: Addresses, parent_pid: int) -> None:
+    setup_child("detok")  # ps keeps 15 characters: minisgl-detok
+    tokenizer = load_tokenizer(model_path)
+    logger.info("ready: %s, %d tokens", type(tokenizer).__name__, len(tokenizer))
+    detok = Detokenizer(tokenizer)
     inbox, out = Receiver(addrs.detokenizer), Sender(addrs.api)
     while parent_alive(parent_pid):
         for msg in inbox.recv_all(POLL_MS):

@@ -1,6 +1,7 @@
 """The engine process: feeds the API server's requests to a RequestScheduler, steps it while it has
 work, and streams its outputs to the detokenizer. When idle it runs the pools' integrity check;
-every STATS_INTERVAL it reports stats, which double as the watchdog's heartbeat.
+every STATS_INTERVAL it reports stats, which double as the watchdog's heartbeat; every
+--decode-log-interval decode steps it logs a stats line (server/stats_log.py).
 
 The scheduler comes from scheduler_factory.build_scheduler: the colocated Scheduler, or with
 --afd the AFD coordinator (which starts its worker processes from here).
@@ -27,6 +28,7 @@ from minisgl.server.messages import (
     EngineStats,
     TokenBatch,
 )
+from minisgl.server.stats_log import StatsLine
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -37,8 +39,11 @@ IDLE_POLL_MS = 200
 
 
 class EngineLoop:
-    def __init__(self, sched: RequestScheduler, inbox: Receiver, out: Sender, parent_pid: int) -> None:
+    def __init__(
+        self, sched: RequestScheduler, inbox: Receiver, out: Sender, parent_pid: int, decode_log_interval: int = 0
+    ) -> None:
         self.sched = sched
+        self.stats_line = StatsLine(decode_log_interval, sched.info.page_size)
         self.inbox = inbox
         self.out = out
         self.parent_pid = parent_pid
@@ -54,6 +59,7 @@ class EngineLoop:
                 self._rejected.append(RequestOutput(msg.rid, finish_reason=FINISH_ABORT, error=str(e)))
                 return
             self._specs[msg.rid] = DetokSpec(msg.params.skip_special_tokens, msg.params.stop, msg.params.min_tokens)
+            self.stats_line.on_request(msg.rid, len(msg.prompt_ids))
         elif isinstance(msg, AbortRequest):
             self.sched.abort(msg.rid)
         else:
@@ -79,7 +85,11 @@ class EngineLoop:
                 if idle_checked:  # announce the end of idleness before any output of this work
                     idle_checked = False
                     self._send_stats(idle_checked)
-                self._send(self.sched.step())
+                outputs = self.sched.step()
+                self.stats_line.on_step(outputs)
+                self._send(outputs)
+                if self.stats_line.due:
+                    logger.info("%s", self.stats_line.line(self.sched.stats()))
             else:
                 self._send([])
                 if not idle_checked:
@@ -96,15 +106,15 @@ def engine_main(
     afd: AfdArgs | None,
     addrs: Addresses,
     parent_pid: int,
-    log_level: str,
+    decode_log_interval: int,
 ) -> None:
-    setup_child(log_level)
+    setup_child("engine")
     out = Sender(addrs.detokenizer)
     sched: RequestScheduler | None = None
     try:
         tokenizer = load_tokenizer(plan.model_path)
         sched = build_scheduler(plan, afd, lambda skip: IncrementalDetokenizer(tokenizer, skip), sched_args)
-        EngineLoop(sched, Receiver(addrs.engine), out, parent_pid).run()
+        EngineLoop(sched, Receiver(addrs.engine), out, parent_pid, decode_log_interval).run()
     except Exception as e:
         logger.exception("engine failed")
         out.send(EngineDead(f"{type(e).__name__}: {e}"))

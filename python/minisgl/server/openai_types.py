@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from minisgl.sampling_params import MAX_LOGPROBS, MAX_PENALTY
 
@@ -79,13 +79,24 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
+FUNCTION_NAME = r"[A-Za-z0-9_.\-]{1,64}"  # OpenAI's function names (and '.'), safe inside the XML
+# A tool's shape, stated in the schema for clients and fuzzers; tool_choice.py checks it at run time
+# (with the cross-field rule a schema cannot state: names offered once).
+Tool = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "required": ["type", "function"],
+    "properties": {"type": {"const": "function"}, "function": {
+        "type": "object", "required": ["name"],
+        "properties": {"name": {"type": "string", "pattern": f"^{FUNCTION_NAME}$"}, "description": {"type": "string"},
+                       "parameters": {"type": "object"}}}}})]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None  # "none" | "auto" | "required" | a named function
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}

@@ -40,12 +40,11 @@ def request_sampling_params(
         stop=body.stop or (),
         stop_token_ids=body.stop_token_ids or (),
         ignore_eos=body.ignore_eos,
-        # n > 1 with a seed: each choice gets its own stream, all reproducible.
-        seed=None if body.seed is None else body.seed + j,
+        seed=body.seed,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
         skip_special_tokens=body.skip_special_tokens,
         logit_bias=body.logit_bias or (),
     )
     params.check_vocab(vocab_size)
-    return params
+    return params.for_choice(j)

@@ -28,6 +28,7 @@ from minisgl.server.errors import ApiError, error_body
 from minisgl.server.logprob_format import LogprobFormatter
 from minisgl.server.metrics import RequestTimer, ServerMetrics
 from minisgl.server.openai_types import SamplingFields
+from minisgl.server.request_log import RequestLog
 from minisgl.server.sampling import request_sampling_params
 from minisgl.tokenizer.token_text import TokenTexts
 
@@ -61,6 +62,7 @@ class ServingContext:
         defaults: SamplingDefaults = SamplingDefaults(),
         reasoning_parser: str | None = None,
         tool_call_parser: str | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.client = client
         self.admission = admission
@@ -69,6 +71,7 @@ class ServingContext:
         self.metrics = metrics
         self.defaults = defaults  # the checkpoint's generation_config sampling defaults
         self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
+        self.request_log = request_log or RequestLog(enabled=False)
         self.formatter = LogprobFormatter(TokenTexts(tokenizer))
 
     @property
@@ -139,6 +142,7 @@ async def run_choices(ctx: ServingContext, sub: Submission, close: Callable[[], 
     try:
         async for o in sub.outputs():
             timer.on_output(o)
+            ctx.request_log.on_output(o)
             if o.error is not None:
                 raise ApiError(400, o.error)
             yield o
@@ -248,10 +252,13 @@ async def respond(
     """Admit the choices (every check happens here, before any header is sent), then stream their
     deltas, or merge them into one body whose choices pass through finish()."""
     head = {**head, "id": response_id(raw, head["id"])}
-    sub = ctx.admission.admit(head["id"], [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices])
+    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices]
+    sub = ctx.admission.admit(head["id"], reqs)
+    ctx.request_log.received(head["id"], reqs)
 
     def close() -> None:  # idempotent: whichever way the response ends first closes the submission
         ctx.metrics.count_aborts(sub.close())
+        ctx.request_log.forget(sub.rids)
 
     outputs = run_choices(ctx, sub, close)
     if body.stream:

@@ -20,9 +20,10 @@ from typing import Any
 
 from minisgl.server.reasoning import THINK_CLOSE, prompt_opens_thinking
 from minisgl.server.errors import ApiError
+from minisgl.server.openai_types import FUNCTION_NAME
 from minisgl.server.tool_parser import CALL_OPEN, TOOL_PARSERS, Qwen3CoderToolParser
 
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function names (and '.'), safe inside the XML
+_NAME = re.compile(FUNCTION_NAME)
 
 
 @dataclass(frozen=True)

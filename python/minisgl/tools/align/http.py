@@ -14,13 +14,14 @@ R = TypeVar("R")
 
 
 def served_model(url: str, timeout_s: float) -> tuple[str, str | None]:
-    """The first model a server lists, and its checkpoint path where the server says (`root`:
-    minisgl and vLLM do)."""
+    """The first model a server lists, and its checkpoint path where the server says
+    (/get_model_info: minisgl and SGLang; /v1/models' root: vLLM)."""
     try:
         card = httpx.get(url + "/v1/models", timeout=timeout_s).raise_for_status().json()["data"][0]
+        info = httpx.get(url + "/get_model_info", timeout=timeout_s)
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
         raise WireError(f"{url}/v1/models: cannot tell the served model ({e}); give its name") from e
-    return card["id"], card.get("root")
+    return card["id"], info.json()["model_path"] if info.status_code == 200 else card.get("root")
 
 
 class CompletionsClient:
