@@ -26,6 +26,8 @@ RUNTIME_LIMITS = (
     "give exactly one of prompt and messages",  # /tokenize
     "chat_template_kwargs needs messages",
     "is offered twice",  # tool names: unique within a request
+    "needs tools",  # a tool_choice other than "none" without tools
+    "which is not among the tools",  # a named tool_choice must name one of the request's tools
     "need a server started with --tool-call-parser",  # tools, on a server without a tool parser
     "min_tokens must be in",  # min_tokens <= max_tokens (which before_call may have clamped)
     "--max-logprob-entries",  # prompt length x n x logprobs
@@ -54,7 +56,8 @@ def before_call(context, case, kwargs) -> None:  # noqa: ANN001 - schemathesis' 
     if isinstance(case.body.get("logit_bias"), dict):
         case.body["logit_bias"] = {k: v for k, v in case.body["logit_bias"].items()
                                    if k.isascii() and k.isdigit() and type(v) in (int, float)}
-    for m in case.body.get("messages") or ():
+    messages = case.body.get("messages")
+    for m in messages if isinstance(messages, list) else ():  # a route without messages may get any value
         if isinstance(m, dict) and m.get("role") not in ROLES:
             m["role"] = "user"
 

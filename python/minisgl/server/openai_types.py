@@ -89,6 +89,17 @@ Tool = Annotated[dict[str, Any], WithJsonSchema({
         "properties": {"name": {"type": "string", "pattern": f"^{FUNCTION_NAME}$"}, "description": {"type": "string"},
                        "parameters": {"type": "object"}}}}})]
 
+# "none" | "auto" | "required" | a named function, stated for clients and fuzzers; tool_choice.py
+# checks it at run time, with the cross-field rules a schema cannot state (tools given, the name
+# among them).
+ToolChoice = Annotated[Union[str, dict[str, Any]], WithJsonSchema({"anyOf": [
+    {"type": "string", "enum": ["none", "auto", "required"]},
+    {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"],
+                     "properties": {"name": {"type": "string", "pattern": f"^{FUNCTION_NAME}$"}}}}},
+]})]
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -97,7 +108,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None  # "none" | "auto" | "required" | a named function
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
     response_format: dict[str, Any] | None = None

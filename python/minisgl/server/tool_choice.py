@@ -60,6 +60,18 @@ def _check_tools(tools: list[dict[str, Any]]) -> None:
         names.add(name)
 
 
+def _named(choice: Any) -> str | None:
+    """The function a named choice names (None for "none", "auto", "required"); 400 for any other shape."""
+    if choice in ("none", "auto", "required"):
+        return None
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise ApiError(400, 'tool_choice must be "none", "auto", "required" or '
+                            '{"type": "function", "function": {"name": ...}}', "tool_choice")
+    return name
+
+
 def plan_tools(
     tools: list[dict[str, Any]] | None, tool_choice: Any, parallel_tool_calls: bool, parser: str | None
 ) -> ToolPlan:
@@ -67,6 +79,7 @@ def plan_tools(
     if tools:
         _check_tools(tools)
     choice = tool_choice if tool_choice is not None else ("auto" if tools else "none")
+    name = _named(choice)  # the shape first: a malformed choice is malformed with or without tools
     if choice == "none":
         return ToolPlan(None, None, "", None)
     if not tools:
@@ -79,11 +92,6 @@ def plan_tools(
         return ToolPlan(tools, cls, "", max_calls)
     if choice == "required":
         return ToolPlan(tools, cls, CALL_OPEN + "\n<function=", max_calls)
-    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
-    name = fn.get("name") if isinstance(fn, dict) else None
-    if not isinstance(name, str):
-        raise ApiError(400, 'tool_choice must be "none", "auto", "required" or '
-                            '{"type": "function", "function": {"name": ...}}', "tool_choice")
     if name not in {t["function"]["name"] for t in tools}:
         raise ApiError(400, f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
     return ToolPlan(tools, cls, f"{CALL_OPEN}\n<function={name}>\n", max_calls)
