@@ -136,6 +136,7 @@ def test_prompt_opens_thinking() -> None:
         (None, "required", "qwen3_coder", "needs tools"),
         (TOOLS, {"type": "function", "function": {"name": "nope"}}, "qwen3_coder", "not among the tools"),
         (TOOLS, "sometimes", "qwen3_coder", "tool_choice must be"),
+        (None, {}, "qwen3_coder", "tool_choice must be"),  # the shape before the cross-field rule
         ([{"type": "function", "function": {"name": "a b"}}], "auto", "qwen3_coder", "must match"),
         ([{"type": "code_interpreter"}], "auto", "qwen3_coder", r"tools\[0\] must be"),
         (TOOLS + TOOLS, "auto", "qwen3_coder", "offered twice"),
