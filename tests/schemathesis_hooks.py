@@ -35,6 +35,8 @@ RUNTIME_LIMITS = (
     "lone UTF-16 surrogate",  # JSON strings that are not Unicode text
     "role must be one of",  # chat roles and parts: what the chat template can render
     "only text parts",
+    "function.arguments is not JSON",  # a tool call's arguments: a string that must hold a JSON object
+    "function.arguments must be a JSON object",
     "the chat template rejected",
 )
 

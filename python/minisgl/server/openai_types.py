@@ -72,13 +72,6 @@ class CompletionRequest(SamplingFields):
         return bad + (["best_of"] if self.best_of not in (None, 1, self.n) else [])
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(STRICT, extra="allow")
-
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
 FUNCTION_NAME = r"[A-Za-z0-9_.\-]{1,64}"  # OpenAI's function names (and '.'), safe inside the XML
 # A tool's shape, stated in the schema for clients and fuzzers; tool_choice.py checks it at run time
 # (with the cross-field rule a schema cannot state: names offered once).
@@ -99,6 +92,25 @@ ToolChoice = Annotated[Union[str, dict[str, Any]], WithJsonSchema({"anyOf": [
         "function": {"type": "object", "required": ["name"],
                      "properties": {"name": {"type": "string", "pattern": f"^{FUNCTION_NAME}$"}}}}},
 ]})]
+
+
+# An assistant message's earlier tool calls, stated for clients and fuzzers; tokenizer/chat.py checks
+# them at run time, with the rule a schema cannot state: a string of arguments holds a JSON object.
+ToolCalls = Annotated[Any, WithJsonSchema({"type": "array", "items": {
+    "type": "object", "required": ["function"],
+    "properties": {"id": {"type": "string"}, "type": {"const": "function"}, "function": {
+        "type": "object", "required": ["name"],
+        "properties": {"name": {"type": "string"},
+                       "arguments": {"anyOf": [{"type": "string", "contentMediaType": "application/json"},
+                                               {"type": "object"}]}}}}}})]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(STRICT, extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: ToolCalls | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -38,7 +38,11 @@ def _tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ValueError(f"messages[{i}].tool_calls[{j}].function.name is required")
+        if not isinstance(call.get("id", ""), str) or call.get("type", "function") != "function":
+            raise ValueError(f"messages[{i}].tool_calls[{j}]: id must be a string and type 'function'")
         args = fn.get("arguments", "{}")
+        if not isinstance(args, (str, dict)):
+            raise ValueError(f"messages[{i}].tool_calls[{j}].function.arguments must be a JSON string or object")
         if isinstance(args, str):
             try:
                 args = json.loads(args or "{}")
