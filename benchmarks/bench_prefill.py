@@ -264,6 +264,7 @@ def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, obj
                              "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
                 print(rows[-1])
                 if not prof:
+                    print(host_profile(engine, batch))
                     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
                         engine.forward_batch(batch)
                         torch.cuda.synchronize()
@@ -273,6 +274,44 @@ def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, obj
         for s in [slot] + slots:
             engine.pool.free(s)
     return rows, prof
+
+
+def host_profile(engine, batch) -> str:  # noqa: ANN001
+    """Where the host's time goes in one eager step: every call that synchronises with the device
+    (torch's sync debug mode, with the caller's frames) and cProfile's top functions by own time
+    and by cumulative time. A sync makes the host wait for the device, so host and kernel times
+    add up instead of overlapping."""
+    import cProfile
+    import io
+    import pstats
+    import warnings
+
+    syncs: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        frames = [f for f in traceback.extract_stack()[:-2] if "minisgl" in f.filename or "fla" in f.filename]
+        syncs.append(f"{message}: " + " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[::-1][:4]))
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.forward_batch(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.forward_batch(batch)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return f"{len(syncs)} host syncs in one step:\n" + "\n".join(syncs[:40]) + "\n" + text.getvalue()
 
 
 def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
@@ -293,7 +332,7 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
         raw["text_config"].pop("layer_types", None)
         json.dump(raw, open(cfg_file, "w"))
     slots_needed = max([b for b, _ in steps] + decode_batches + [d + 1 for _, d in mixed])
-    longest = max(n for _, n in steps)
+    longest = max([n for _, n in steps] + [c for c, _ in mixed])
     pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches]
                 + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
     # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.

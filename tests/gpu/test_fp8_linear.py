@@ -51,7 +51,7 @@ def _weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("rows_multiple", [1, 4])
-@pytest.mark.parametrize("m,k", [(1, 3072), (64, 8192), (37, 320), (5, 64), (16411, 3072)])
+@pytest.mark.parametrize("m,k", [(1, 3072), (2, 256), (12, 3072), (64, 8192), (37, 320), (5, 64), (16411, 3072)])
 def test_activation_quantiser_is_bit_exact(m: int, k: int, rows_multiple: int) -> None:
     """Same codes and scales as layers/fp8.quantize_block_fp8 with block (1, 128), the reference rule;
     the scales token-major (what the GEMMs and cuBLAS read); with rows_multiple, M padded up to it
