@@ -110,6 +110,10 @@ def test_tokenize_detokenize(live_server: Server) -> None:
     ("/tokenize", {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "prompt and messages"),
     ("/tokenize", {"prompt": "x", "model": "other"}, "other"),
     ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "y"}], "chat_template_kwargs": {"messages": []}},
+     "may not set messages"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "y"}], "chat_template_kwargs": {"enable_thinking": 1}},
+     "enable_thinking"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
 ])

@@ -118,6 +118,7 @@ def test_reasoning_is_kept_only_after_the_last_user_query(tok) -> None:
          "JSON string or object"),
         (USER, {"add_generation_prompt": False}, "may not set add_generation_prompt"),
         (USER, {"tools": []}, "may not set tools"),
+        (USER, {"enable_thinking": "no"}, "enable_thinking must be true or false"),
     ],
 )
 def test_bad_messages(tok, msgs, kwargs, match) -> None:

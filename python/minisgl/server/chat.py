@@ -34,8 +34,6 @@ class _State:
 
 def _template_kwargs(ctx: ServingContext, body: ChatCompletionRequest) -> dict[str, Any]:
     kwargs = dict(body.chat_template_kwargs or {})
-    if not isinstance(kwargs.get("enable_thinking", False), bool):
-        raise ApiError(400, "chat_template_kwargs.enable_thinking must be true or false", "chat_template_kwargs")
     unused = unused_template_kwargs(ctx.tokenizer, kwargs)
     if unused:
         logger.warning("chat_template_kwargs this model's template does not read: %s", ", ".join(unused))

@@ -16,7 +16,7 @@ from minisgl.version import __version__
 from minisgl.server.admission import check_text
 from minisgl.server.errors import ApiError
 from minisgl.server.json_numbers import JsonNumbersRoute
-from minisgl.server.openai_types import STRICT, ChatMessage, TokenIds
+from minisgl.server.openai_types import STRICT, ChatMessage, ChatTemplateKwargs, TokenIds
 from minisgl.server.serving import ServingContext
 from minisgl.tokenizer.chat import render_chat
 
@@ -30,7 +30,7 @@ class TokenizeRequest(BaseModel):
     prompt: str | list[str] | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> "TokenizeRequest":

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from minisgl.sampling_params import MAX_LOGPROBS, MAX_PENALTY
+from minisgl.tokenizer.chat import RESERVED_TEMPLATE_KWARGS
 
 MAX_N = 128  # choices per prompt
 MAX_CHOICES = 1024  # choices per request, over a batch of prompts
@@ -105,6 +106,16 @@ ToolCalls = Annotated[Any, WithJsonSchema({"type": "array", "items": {
                                                {"type": "object"}]}}}}}})]
 
 
+# The chat template's own variables, passed through to it; stated for clients and fuzzers, checked by
+# tokenizer/chat.py: enable_thinking is a boolean, and the arguments of apply_chat_template itself
+# are refused (propertyNames says it for clients; fuzzers read the "not", as they ignore propertyNames).
+_RESERVED = sorted(RESERVED_TEMPLATE_KWARGS)
+ChatTemplateKwargs = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "properties": {"enable_thinking": {"type": "boolean"}},
+    "propertyNames": {"not": {"enum": _RESERVED}},
+    "not": {"anyOf": [{"required": [name]} for name in _RESERVED]}})]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(STRICT, extra="allow")
 
@@ -122,7 +133,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false}
+    chat_template_kwargs: ChatTemplateKwargs | None = None  # e.g. {"enable_thinking": false}
     response_format: dict[str, Any] | None = None
 
     def unsupported(self) -> list[str]:

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # What apply_chat_template itself takes: template kwargs may not smuggle these in.
-_RESERVED = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {"messages"}
+RESERVED_TEMPLATE_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) | {"messages"}
 
 
 def _text(content: str | Sequence[Any] | None, i: int) -> str:
@@ -89,9 +89,11 @@ def render_chat(
         raise ValueError("messages must contain at least one message")
     if not tokenizer.chat_template:
         raise ValueError("this model has no chat template; use /v1/completions")
-    reserved = sorted(_RESERVED & set(template_kwargs))
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs))
     if reserved:
         raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    if not isinstance(template_kwargs.get("enable_thinking", False), bool):
+        raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
     plain = [_message(m, i) for i, m in enumerate(messages)]
     try:
         return tokenizer.apply_chat_template(
