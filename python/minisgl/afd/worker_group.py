@@ -39,7 +39,7 @@ class WorkerGroup:
         self.reply_sock = self.zmq.socket(zmq.PULL)
         reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
         self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
-        devices = launcher.devices(afd)
+        self.devices = devices = launcher.devices(afd)  # each worker's, by rank
         self.plan_socks: dict[str, zmq.Socket] = {}
         specs = []
         # Each lane's TP ranks are consecutive (one node's GPUs); the plan of a lane goes to each of them.
