@@ -1,15 +1,22 @@
-"""Decode graph buckets in AFD: which buckets a worker prepares, which bucket a step takes, and the
-plans and workers refusing a graph step they could not replay. (Greedy identity with graph-bucket
+"""Decode graph buckets in AFD: which buckets a worker prepares, which bucket a step takes, the
+plans and workers refusing a graph step they could not replay, and the start-up handshake (every
+worker reports the buckets it prepared; a mismatch or a failed preparation fails the start). (Greedy identity with graph-bucket
 planning, and the plans of real steps, are in test_afd_identity.py.)"""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
+from minisgl.afd import attention_worker, expert_worker, launch
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.buckets import check_graph_bucket, decode_graph_buckets, step_bucket
-from minisgl.afd.protocol import AgPlan, EgPlan, ReqStep
+from minisgl.afd.coordinator import Coordinator
+from minisgl.afd.protocol import AgPlan, EgPlan, ReqStep, WorkerSpec
+from minisgl.afd.worker import worker_main
+from minisgl.afd.worker_group import WorkerFailure
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.plan import resolve_plan
 
@@ -66,3 +73,39 @@ def test_graph_plans_hold_decodes_only() -> None:
     assert EgPlan(0, 2, 2, "decode", use_graph=True).use_graph
     with pytest.raises(ValueError, match="decodes only, not a prefill phase"):
         EgPlan(0, 2, 4, "prefill", use_graph=True)
+
+
+def _with_buckets_off(victim: str, spec: WorkerSpec) -> None:
+    """A worker entry point that prepares no graph buckets on `victim`, whatever the others do."""
+    if spec.name == victim:
+        spec = replace(spec, afd_args=replace(spec.afd_args, force_graph_buckets=False))
+    worker_main(spec)
+
+
+def _failing_to_prepare(victim: str, spec: WorkerSpec) -> None:
+    """A worker entry point whose graph preparation fails on `victim`."""
+    if spec.name == victim:
+        def fail(plan, afd):
+            raise RuntimeError("injected: decode graph capture failed")
+
+        expert_worker.decode_graph_buckets = fail
+        attention_worker.decode_graph_buckets = fail
+    worker_main(spec)
+
+
+def _start(path: str) -> Coordinator:
+    args = EngineArgs(model_path=path, device="cpu", dtype="float32", context_length=256, max_running_requests=4)
+    return Coordinator(resolve_plan(args), AfdArgs(force_graph_buckets=True, step_timeout_s=30))
+
+
+@pytest.mark.parametrize("entry,match", [
+    (_with_buckets_off, r"AFD workers prepared different decode graph buckets: attn0 \[1, 2, 4\]; expert0 \[\]"),
+    (_failing_to_prepare, "AFD worker expert0 failed at start-up: RuntimeError: injected: decode graph capture failed"),
+])
+def test_start_fails_unless_every_worker_prepared_the_same_buckets(tiny_checkpoints, monkeypatch, entry, match) -> None:
+    monkeypatch.setattr(launch, "worker_main", partial(entry, "expert0"))  # what LocalLauncher starts
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure, match=match):
+        _start(tiny_checkpoints["bf16"])
+    assert time.monotonic() - start < 15  # every worker stopped too: close() waits for none
+

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.buckets import decode_graph_buckets, step_bucket
+from minisgl.afd.buckets import step_bucket
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
@@ -108,7 +108,7 @@ class Coordinator:
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
         self.workers: WorkerGroup | None = None  # set once every worker is ready
         self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd))
-        self.graph_buckets = decode_graph_buckets(plan.on_device(self.workers.devices[0]), afd)
+        self.graph_buckets = self.workers.graph_buckets  # what every worker prepared
         self._prefilled_last = False  # graph buckets: the kind of the last step, so the kinds alternate
 
     def close(self) -> None:

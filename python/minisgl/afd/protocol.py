@@ -32,6 +32,15 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """A worker's first word: it is built and warm, with decode graphs prepared for these micro-batch
+    buckets (on the CPU, the ones it would capture; () when decode steps are not planned in buckets)."""
+
+    worker: str
+    graph_buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class WorkerFailed:
     """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
 
