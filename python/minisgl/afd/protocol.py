@@ -33,7 +33,7 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class Ready:
-    """A worker's first word: it is built and warm, with decode graphs prepared for these micro-batch
+    """A worker's first word: it is built, with decode graphs prepared for these micro-batch
     buckets (on the CPU, the ones it would capture; () when decode steps are not planned in buckets)."""
 
     worker: str
