@@ -26,21 +26,19 @@ def cpu_plan(tiny_checkpoints):
     return resolve_plan(EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", max_running_requests=20))
 
 
-def test_buckets_follow_the_workers_device(cpu_plan) -> None:
-    assert decode_graph_buckets(cpu_plan, AfdArgs()) == ()  # the CPU captures nothing
+def test_buckets_are_opt_in_on_every_device(cpu_plan) -> None:
     gpu = cpu_plan.on_device("cuda:0")
-    assert decode_graph_buckets(gpu, AfdArgs()) == (1, 2, 4, 8, 16, 20)
-    assert decode_graph_buckets(gpu, AfdArgs(num_mb=2)) == (1, 2, 4, 8, 10)  # per micro-batch
-    assert decode_graph_buckets(gpu, AfdArgs(num_mb=3)) == (1, 2, 4, 7)  # the largest of 7, 7, 6
-    disabled = replace(cpu_plan.args, disable_cuda_graph=True)
-    assert decode_graph_buckets(resolve_plan(disabled).on_device("cuda:0"), AfdArgs()) == ()
+    assert decode_graph_buckets(cpu_plan, AfdArgs()) == () == decode_graph_buckets(gpu, AfdArgs())
+    assert decode_graph_buckets(gpu, AfdArgs(graph_buckets=True)) == (1, 2, 4, 8, 16, 20)
+    assert decode_graph_buckets(gpu, AfdArgs(graph_buckets=True, num_mb=2)) == (1, 2, 4, 8, 10)  # per micro-batch
+    assert decode_graph_buckets(gpu, AfdArgs(graph_buckets=True, num_mb=3)) == (1, 2, 4, 7)  # the largest of 7, 7, 6
 
 
-def test_forced_buckets_and_the_graph_cap(cpu_plan) -> None:
-    assert decode_graph_buckets(cpu_plan, AfdArgs(force_graph_buckets=True)) == (1, 2, 4, 8, 16, 20)
+def test_buckets_and_the_graph_cap(cpu_plan) -> None:
+    assert decode_graph_buckets(cpu_plan, AfdArgs(graph_buckets=True)) == (1, 2, 4, 8, 16, 20)
     capped = resolve_plan(replace(cpu_plan.args, cuda_graph_max_bs=6))
-    assert decode_graph_buckets(capped, AfdArgs(force_graph_buckets=True)) == (1, 2, 4, 6)
-    assert decode_graph_buckets(capped, AfdArgs(force_graph_buckets=True, num_mb=4)) == (1, 2, 4, 5)
+    assert decode_graph_buckets(capped, AfdArgs(graph_buckets=True)) == (1, 2, 4, 6)
+    assert decode_graph_buckets(capped, AfdArgs(graph_buckets=True, num_mb=4)) == (1, 2, 4, 5)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +76,7 @@ def test_graph_plans_hold_decodes_only() -> None:
 def _with_buckets_off(victim: str, spec: WorkerSpec) -> None:
     """A worker entry point that prepares no graph buckets on `victim`, whatever the others do."""
     if spec.name == victim:
-        spec = replace(spec, afd_args=replace(spec.afd_args, force_graph_buckets=False))
+        spec = replace(spec, afd_args=replace(spec.afd_args, graph_buckets=False))
     worker_main(spec)
 
 
@@ -95,7 +93,7 @@ def _failing_to_prepare(victim: str, spec: WorkerSpec) -> None:
 
 def _start(path: str) -> Coordinator:
     args = EngineArgs(model_path=path, device="cpu", dtype="float32", context_length=256, max_running_requests=4)
-    return Coordinator(resolve_plan(args), AfdArgs(force_graph_buckets=True, step_timeout_s=30))
+    return Coordinator(resolve_plan(args), AfdArgs(graph_buckets=True, step_timeout_s=30))
 
 
 @pytest.mark.parametrize("entry,match", [

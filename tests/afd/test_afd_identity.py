@@ -50,9 +50,9 @@ def reference(tiny_checkpoints):
 
 
 def _run_afd(path: str, prompts, params, m: int, n: int, mb: int, k: int, sent: list | None = None, **kwargs):
-    """kwargs: force_graph_buckets, cuda_graph_max_bs. sent: gets every plan the workers were sent."""
-    graphs = kwargs.pop("force_graph_buckets", False)
-    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=mb, async_pending_steps=k, force_graph_buckets=graphs)
+    """kwargs: graph_buckets, cuda_graph_max_bs. sent: gets every plan the workers were sent."""
+    graphs = kwargs.pop("graph_buckets", False)
+    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=mb, async_pending_steps=k, graph_buckets=graphs)
     with LLM(path, afd=afd, **ENGINE, **kwargs) as llm:
         if sent is not None:
             send = llm.scheduler.workers.send
@@ -113,7 +113,7 @@ def _check_graph_steps(sent: list, workers: int, buckets: tuple[int, ...]) -> Co
 def test_graph_bucket_steps_match_colocated(tiny_checkpoints, reference, model, m, n, mb, k, max_bs, buckets) -> None:
     prompts, params, want = reference[model]
     sent: list = []
-    got = _run_afd(tiny_checkpoints[model], prompts, params, m, n, mb, k, sent, force_graph_buckets=True,
+    got = _run_afd(tiny_checkpoints[model], prompts, params, m, n, mb, k, sent, graph_buckets=True,
                    cuda_graph_max_bs=max_bs)
     _same(got, want)
     kinds = _check_graph_steps(sent, m + n, buckets)

@@ -20,10 +20,10 @@ def next_pow2(n: int) -> int:
 
 
 def decode_graph_buckets(plan: EnginePlan, afd: AfdArgs) -> tuple[int, ...]:
-    """The micro-batch sizes a worker on plan.device prepares decode graphs for; () when decode
-    steps are not planned in graph buckets. A lane's micro-batch holds at most
+    """The micro-batch sizes a worker prepares decode graphs for; () when decode steps are not
+    planned in graph buckets (--afd-graph-buckets). A lane's micro-batch holds at most
     ceil(max_running_requests / num_mb) requests; --cuda-graph-max-bs caps it."""
-    if not (plan.cuda_graphs or afd.force_graph_buckets):
+    if not afd.graph_buckets:
         return ()
     largest = math.ceil(plan.pool.max_running_requests / afd.num_mb)
     if plan.args.cuda_graph_max_bs is not None:
