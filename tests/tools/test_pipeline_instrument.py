@@ -68,6 +68,7 @@ def _expert_worker(timer: layer_timing.LayerTimer | None) -> ExpertWorker:
     w = ExpertWorker.__new__(ExpertWorker)  # only what launch reads
     w.name, w.num_layers, w.transport, w.device, w.timer = "expert0", LAYERS, _Transport(), torch.device("cpu"), timer
     w.shard = SimpleNamespace(stage=lambda layer: lambda x, ids, weights: x)
+    w.graph_buckets = ()
     return w
 
 

@@ -33,6 +33,11 @@ class AfdArgs:
                                  "context (balanced full-attention context)", MB_SPLITS)
     layer_timing_dir: str | None = arg(None, "write per-layer timing JSON per step and worker here (off when "
                                              "unset, at no cost)")
+    # Opt-in until the workers capture: on a GPU the padded, unmixed steps would only cost, and that
+    # path has not run there. The CPU tests turn it on to check the planning and padding over gloo.
+    graph_buckets: bool = arg(False, "plan decode steps in decode-graph buckets (decode-only steps, every "
+                                     "micro-batch padded to a bucket); the workers capture no graphs yet, so "
+                                     "these steps run eagerly")
 
     def __post_init__(self) -> None:
         if self.attn_workers < 1:

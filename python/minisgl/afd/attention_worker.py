@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from minisgl.afd.buckets import check_graph_bucket, decode_graph_buckets
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WorkerSpec
@@ -21,6 +22,7 @@ from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
+from minisgl.kvcache.allocator import DUMMY_SLOT
 from minisgl.models.weights import WeightFilter
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -38,9 +40,12 @@ class AttentionWorker:
     def __init__(self, spec: WorkerSpec, lane: ParallelConfig = SINGLE) -> None:
         self.name = spec.name
         self.lane = lane
-        # Decode graphs stay off here: capturing the per-layer exchange would need every rank to
-        # capture in lock-step, which is not built yet.
-        plan = replace(spec.engine_plan.on_device(spec.device), cuda_graphs=False)
+        # The colocated engine's decode graphs stay off here: a step's graph holds the per-layer
+        # exchange, so every rank captures the same buckets in lock step (not built yet; until then
+        # a graph step runs eagerly at its bucket's padded shape).
+        plan = spec.engine_plan.on_device(spec.device)
+        self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
+        plan = replace(plan, cuda_graphs=False)
         config, device = plan.config, plan.device
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
         self.transport = Transport(
@@ -79,9 +84,13 @@ class AttentionWorker:
         for a in plan.pages:
             self.pool.assign_pages(a.slot, a.start, list(a.pages))
 
-    def _batch(self, reqs: tuple[ReqStep, ...]) -> ForwardBatch:
-        tokens = [list(r.tokens) if r.tokens is not None else [0] for r in reqs]
-        batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs], [r.slot for r in reqs])
+    def _batch(self, reqs: tuple[ReqStep, ...], rows: int) -> ForwardBatch:
+        """The micro-batch padded to `rows` requests with decodes of the dummy slot at position 0,
+        whose table row points at the dummy page: a decode graph's static inputs are padded so."""
+        pad = rows - len(reqs)
+        tokens = [list(r.tokens) if r.tokens is not None else [0] for r in reqs] + [[0]] * pad
+        batch = self.engine.make_batch(tokens, [r.prefix_len for r in reqs] + [0] * pad,
+                                       [r.slot for r in reqs] + [DUMMY_SLOT] * pad)
         decodes = [i for i, r in enumerate(reqs) if r.tokens is None]
         if decodes and self.lane.is_leader:
             slots = to_device([reqs[i].slot for i in decodes], torch.int64, self.last_token.device)
@@ -130,6 +139,7 @@ class AttentionWorker:
 
     @torch.inference_mode()
     def launch(self, plan: AgPlan) -> Launched:
+        check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
         self._apply(plan)
         self.step_state.bucket = plan.bucket
         marks = None
@@ -141,7 +151,10 @@ class AttentionWorker:
             )
         for r in (r for mb in plan.micro_batches for r in mb if r.tokens is not None):
             self.sampler.see_prompt(r.slot, r.tokens)
-        batches = [self._batch(mb) if mb else None for mb in plan.micro_batches]
+        if plan.use_graph:  # every micro-batch takes the bucket's shape, an idle one all padding
+            batches = [self._batch(mb, plan.bucket) for mb in plan.micro_batches]
+        else:
+            batches = [self._batch(mb, len(mb)) if mb else None for mb in plan.micro_batches]
         logits = self._forward(batches, marks)
         rows, rids, slots = [], [], []
         for mb, reqs in enumerate(plan.micro_batches):

@@ -4,8 +4,9 @@ so the server and the offline LLM drive it like the colocated Scheduler).
 Each step it plans every lane (decodes, then prefill chunks within the budget, admitting waiting
 requests round-robin across lanes while a lane's allocator can reserve their pages and a slot),
 splits each lane's requests into micro-batches (evenly by count, or balancing attention context;
-`--afd-mb-split`), agrees one dispatch bucket for all ranks,
-and sends one plan to every worker. It runs `lead = K + 1` steps ahead of the replies: decode
+`--afd-mb-split`), agrees one dispatch bucket for all ranks (afd/buckets.py),
+and sends one plan to every worker. With decode graphs a step is decode-only or prefill-only, as a
+graph holds decodes only. It runs `lead = K + 1` steps ahead of the replies: decode
 inputs stay on the workers' devices, so it never needs step t's tokens to plan step t + 1. Finish
 detection therefore lags; tokens sampled after a request finished are dropped, and its slot is
 freed in the next plan, after the steps that still use it in command order.
@@ -19,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from minisgl.afd.args import AfdArgs
+from minisgl.afd.buckets import step_bucket
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
@@ -31,7 +33,9 @@ from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
+from minisgl.scheduler.rules import (
+    abort_request, check_finish, decodable, new_request, plan_batch, take_outputs, validate_request,
+)
 from minisgl.scheduler.stop import DecoderFactory
 
 logger = logging.getLogger(__name__)
@@ -44,10 +48,6 @@ class Lane:
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
     frees: list[int] = field(default_factory=list)  # slots freed since the last plan
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class Coordinator:
@@ -108,6 +108,8 @@ class Coordinator:
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
         self.workers: WorkerGroup | None = None  # set once every worker is ready
         self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd))
+        self.graph_buckets = self.workers.graph_buckets  # what every worker prepared
+        self._prefilled_last = False  # graph buckets: the kind of the last step, so the kinds alternate
 
     def close(self) -> None:
         if self.workers is not None:
@@ -192,12 +194,30 @@ class Coordinator:
         return outputs
 
     # -- planning -------------------------------------------------------------------------------
+    def _plan_lanes(self) -> list[list[tuple[Request, int]]]:
+        """Each lane's (request, tokens) for the next step. Without graph buckets, decodes and
+        prefill chunks share a step (plan_batch). With them, every rank must replay the same
+        decode-only graph, so a step is all decodes or all prefill chunks. When both are waiting
+        the kinds alternate: a decode then waits behind at most one prefill step, which plan_batch
+        caps at one chunk while requests decode, as it caps a mixed step."""
+        def plan(lane: Lane) -> list[tuple[Request, int]]:
+            return plan_batch(lane.running, lane.waiting, lane.alloc, self.max_seq_len, self.chunk_size,
+                              self.prefill_budget)
+
+        if not self.graph_buckets:
+            return [plan(lane) for lane in self.lanes]
+        decodes = [[(r, 1) for r in lane.running if decodable(r, self.max_seq_len)] for lane in self.lanes]
+        if not (any(decodes) and self._prefilled_last):
+            prefills = [[(r, n) for r, n in plan(lane) if not r.prefill_done] for lane in self.lanes]
+            if any(prefills):
+                self._prefilled_last = True
+                return prefills
+        self._prefilled_last = False
+        return decodes
+
     def _send_step(self) -> bool:
         """Plan and send one step to every worker; False when no lane has anything to run."""
-        per_lane = [
-            plan_batch(lane.running, lane.waiting, lane.alloc, self.max_seq_len, self.chunk_size, self.prefill_budget)
-            for lane in self.lanes
-        ]
+        per_lane = self._plan_lanes()
         if not any(per_lane):
             return False
         step = self._step
@@ -227,13 +247,14 @@ class Coordinator:
                         r.num_pending += 1
                 mbs.append(tuple(reqs))
             mbs_per_lane.append((lane, mbs, new, pages))
-        bucket = _next_pow2(max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs))
+        largest = max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs)
+        bucket, use_graph = step_bucket(self.graph_buckets, largest, decode=not prefill)
         workers = self.workers
         for (lane, mbs, new, pages), name in zip(mbs_per_lane, workers.ag_names):
             frees, lane.frees = tuple(lane.frees), []
-            plan = AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages))
+            plan = AgPlan(step, bucket, tuple(mbs), frees, tuple(new), tuple(pages), use_graph)
             plans += [(member, plan) for member in workers.lane_members[name]]
-        eg_plan = EgPlan(step, self.afd.num_mb, bucket, "prefill" if prefill else "decode")
+        eg_plan = EgPlan(step, self.afd.num_mb, bucket, "prefill" if prefill else "decode", use_graph)
         plans += [(name, eg_plan) for name in workers.eg_names]
         size = 0
         for name, plan in plans:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.afd.buckets import check_graph_bucket, decode_graph_buckets
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
@@ -38,6 +39,7 @@ class ExpertWorker:
             config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device, lane_tp=spec.afd_args.attn_tp_size,
         )
         self.device = device
+        self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="expert",
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
@@ -45,6 +47,7 @@ class ExpertWorker:
 
     @torch.inference_mode()
     def launch(self, plan: EgPlan) -> Launched:
+        check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
         marks = None if self.timer is None else self.timer.start(plan.step, decode=plan.phase == "decode")
         order = [(layer, mb) for layer in range(self.num_layers) for mb in range(plan.num_mb)]
         sends: dict[int, list] = {}

@@ -32,6 +32,15 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """A worker's first word: it is built, with decode graphs prepared for these micro-batch
+    buckets (on the CPU, the ones it would capture; () when decode steps are not planned in buckets)."""
+
+    worker: str
+    graph_buckets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class WorkerFailed:
     """Sent (best effort) before a worker exits on an error, so the coordinator can say why."""
 
@@ -92,10 +101,14 @@ class AgPlan:
     free_slots: tuple[int, ...] = ()
     new_requests: tuple[NewRequest, ...] = ()
     pages: tuple[PageAssignment, ...] = ()
+    # Replay the decode graph of `bucket` (every micro-batch padded to it); every plan of the step agrees.
+    use_graph: bool = False
 
     def __post_init__(self) -> None:
         if not self.micro_batches:
             raise ValueError("a plan needs at least one micro-batch")
+        if self.use_graph and any(r.tokens is not None for mb in self.micro_batches for r in mb):
+            raise ValueError(f"step {self.step}: a graph step holds decodes only, not prefill chunks")
         for mb in self.micro_batches:
             tokens = sum(r.extend_len for r in mb)
             if tokens > self.bucket:
@@ -117,12 +130,15 @@ class EgPlan:
     num_mb: int
     bucket: int
     phase: str  # "prefill" (some chunk in the step) or "decode"; for logs and metrics
+    use_graph: bool = False  # as every AgPlan of the step
 
     def __post_init__(self) -> None:
         if self.num_mb < 1 or self.bucket < 1:
             raise ValueError(f"step {self.step}: num_mb {self.num_mb} and bucket {self.bucket} must be >= 1")
         if self.phase not in ("prefill", "decode"):
             raise ValueError(f"step {self.step}: unknown phase {self.phase!r}")
+        if self.use_graph and self.phase != "decode":
+            raise ValueError(f"step {self.step}: a graph step holds decodes only, not a {self.phase} phase")
 
 
 @dataclass(frozen=True)

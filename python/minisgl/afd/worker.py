@@ -19,7 +19,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.step_profiler import StepProfiler
-from minisgl.afd.protocol import ATTN, Reply, Shutdown, WorkerFailed, WorkerSpec
+from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WorkerFailed, WorkerSpec
 from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
@@ -29,6 +29,8 @@ _IDLE_POLL_MS = 500
 
 
 class StepRunner(Protocol):
+    graph_buckets: tuple[int, ...]  # the decode buckets it prepared
+
     def launch(self, plan: Any) -> Any: ...
 
     def retire(self, launched: Any) -> Reply: ...
@@ -123,7 +125,7 @@ def worker_main(spec: WorkerSpec) -> None:
             runner: StepRunner = AttentionWorker(spec, lane)
         else:
             runner = ExpertWorker(spec)
-        chan.send(Reply(step=-1, worker=spec.name))  # ready
+        chan.send(Ready(spec.name, runner.graph_buckets))
         serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid, StepProfiler.from_env(spec.name))
     except BaseException as e:  # noqa: BLE001 - report any failure to the coordinator, then exit non-zero
         chan.send(WorkerFailed(spec.name, type(e).__name__, str(e)))

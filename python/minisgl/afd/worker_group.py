@@ -15,7 +15,7 @@ import zmq
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.launch import Launcher
-from minisgl.afd.protocol import ATTN, EXPERT, Reply, Shutdown, WorkerFailed, WorkerSpec
+from minisgl.afd.protocol import ATTN, EXPERT, Ready, Shutdown, WorkerFailed, WorkerSpec
 from minisgl.engine.plan import EnginePlan
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ class WorkerFailure(RuntimeError):
 
 class WorkerGroup:
     """Starts every worker (attention lanes' ranks first, then the expert workers) and returns once
-    all have said they are ready."""
+    all have said they are ready with the same decode graph buckets: every rank must be able to
+    replay the shape of every graph step."""
 
     def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
         self.launcher: Launcher | None = launcher
@@ -62,17 +63,23 @@ class WorkerGroup:
                              for n in self.ag_names}
         self.eg_names = [s.name for s in specs if s.role == EXPERT]
         launcher.start(specs)
-        ready: set[str] = set()
+        ready: dict[str, tuple[int, ...]] = {}  # worker -> the decode graph buckets it prepared
         deadline = time.monotonic() + _START_TIMEOUT_S
         try:
             while len(ready) < len(specs):
-                msg = self.recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready])
-                if isinstance(msg, Reply) and msg.step == -1:
-                    ready.add(msg.worker)
+                msg = self.recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready],
+                                with_reason=True)
+                if isinstance(msg, Ready):
+                    ready[msg.worker] = msg.graph_buckets
+            if len(set(ready.values())) > 1:
+                raise WorkerFailure("AFD workers prepared different decode graph buckets: "
+                                    + "; ".join(f"{s.name} {list(ready[s.name])}" for s in specs))
         except BaseException:  # nobody gets a handle to close: stop the ones that did start
             self.close(graceful=False)
             raise
-        logger.info("AFD: %d attention + %d expert workers ready", afd.attn_workers, afd.expert_workers)
+        self.graph_buckets: tuple[int, ...] = next(iter(ready.values()))
+        logger.info("AFD: %d attention + %d expert workers ready; decode graph buckets %s",
+                    afd.attn_workers, afd.expert_workers, list(self.graph_buckets) or "none")
 
     @property
     def names(self) -> list[str]:
@@ -82,15 +89,21 @@ class WorkerGroup:
     def dead(self) -> list[str]:
         return self.launcher.dead() if self.launcher is not None else []
 
-    def recv(self, deadline: float, waiting_for: str, awaited: Callable[[], list[str]]) -> object:
+    def recv(
+        self, deadline: float, waiting_for: str, awaited: Callable[[], list[str]], with_reason: bool = False
+    ) -> object:
         """The next message from any worker; raises WorkerFailure on a death, an error or the
         deadline. Its message names the workers and what became of them; a live worker's error
-        (transport internals, addresses) goes to the log only."""
+        (transport internals, addresses) goes to the log only, unless `with_reason` (at start-up,
+        where the first worker to fail says why: a load or a graph capture that failed)."""
         while True:
             if self.reply_sock.poll(_POLL_MS):
                 msg = pickle.loads(self.reply_sock.recv())
                 if isinstance(msg, WorkerFailed):
                     logger.error("AFD worker %s failed: %s: %s", msg.worker, msg.error_type, msg.message)
+                    if with_reason:
+                        raise WorkerFailure(f"AFD worker {msg.worker} failed {waiting_for}: "
+                                            f"{msg.error_type}: {msg.message}")
                     # A peer's death usually surfaces first as a collective error on a live worker:
                     # give the dead one a moment to be seen, and name it instead.
                     until = time.monotonic() + _BLAME_WINDOW_S
@@ -127,7 +140,7 @@ class WorkerGroup:
                     self.send(name, pickle.dumps(Shutdown()))
             except WorkerFailure as e:
                 logger.warning("AFD shutdown: %s", e)
-        self.launcher.stop(timeout_s=10)
+        self.launcher.stop(timeout_s=10 if graceful else 0)  # only told workers exit on their own
         self.launcher = None
         for sock in self.plan_socks.values():
             sock.close()
