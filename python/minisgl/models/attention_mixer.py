@@ -58,8 +58,12 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, d)
         q = self.rotary.apply(q, ctx.cos, ctx.sin)
         k = self.rotary.apply(k, ctx.cos, ctx.sin)
-        kv = PagedKV(*ctx.pool.kv.layer(self.layer_id), ctx.pool.page_table, ctx.pool.page_size)
-        o = self.backend.forward(q, k, v, kv, ctx.batch, d**-0.5).reshape(t, self.num_heads * d)
+        o = ctx.mixer_core(self._attend, q, k, v).reshape(t, self.num_heads * d)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return all_reduce(self.o_proj(o), self.parallel)
+
+    def _attend(self, ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write the new K/V into the pages and attend over each request's cached ones."""
+        kv = PagedKV(*ctx.pool.kv.layer(self.layer_id), ctx.pool.page_table, ctx.pool.page_size)
+        return self.backend.forward(q, k, v, kv, ctx.batch, self.head_dim**-0.5)

@@ -57,19 +57,22 @@ class GatedDeltaNet(nn.Module):
         self.backend = backend
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        batch, t = ctx.batch, x.shape[0]
+        t = x.shape[0]
+        o = ctx.mixer_core(self._mix, self.in_proj_qkv(x), self.in_proj_a(x), self.in_proj_b(x))
+        z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
+        o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
+        return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)
+
+    def _mix(self, ctx: ForwardContext, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """The causal conv and the gated delta rule over each request's state slot: [T, HV, V]."""
+        batch, t = ctx.batch, mixed_qkv.shape[0]
         conv_state, ssm_state = ctx.pool.state.layer(self.layer_id)
-        weight = self.conv1d.weight[:, 0, :]
-        qkv = self._conv(self.in_proj_qkv(x), weight, conv_state, batch)
+        qkv = self._conv(mixed_qkv, self.conv1d.weight[:, 0, :], conv_state, batch)
         kd = self.num_k_heads * self.k_dim
         q = qkv[:, :kd].reshape(t, self.num_k_heads, self.k_dim)
         k = qkv[:, kd : 2 * kd].reshape(t, self.num_k_heads, self.k_dim)
         v = qkv[:, 2 * kd :].reshape(t, self.num_v_heads, self.v_dim)
-        inp = DeltaInputs(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias)
-        o = self._delta(inp, ssm_state, batch)
-        z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
-        o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
-        return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)
+        return self._delta(DeltaInputs(q, k, v, a, b, self.A_log, self.dt_bias), ssm_state, batch)
 
     def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if batch.is_decode:

@@ -21,7 +21,7 @@ from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.forward_batch import ForwardBatch
 from minisgl.models.attention_mixer import Attention
 from minisgl.models.config import FULL_ATTENTION, ModelConfig
-from minisgl.models.context import Backends, ForwardContext
+from minisgl.models.context import Backends, CoreRunner, ForwardContext, run_core
 from minisgl.models.gdn_mixer import GatedDeltaNet
 from minisgl.moe.local_moe import LocalMoE
 from minisgl.parallel.collectives import gather_last_dim
@@ -90,10 +90,10 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         vocab = (parallel.part(config.vocab_size),) if parallel.tp_size > 1 else ()
         self.lm_head = None if config.tie_word_embeddings else column_parallel(config.hidden_size, config.vocab_size, *vocab)
 
-    def embed(self, batch: ForwardBatch, pool: HybridPool) -> tuple[torch.Tensor, ForwardContext]:
+    def embed(self, batch: ForwardBatch, pool: HybridPool, cores: CoreRunner = run_core) -> tuple[torch.Tensor, ForwardContext]:
         x = self.embed_tokens(batch.input_ids)
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
-        return x, ForwardContext(batch, pool, cos, sin)
+        return x, ForwardContext(batch, pool, cos, sin, cores)
 
     def logits(self, x: torch.Tensor, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [R, V] of the flat token rows `rows` (default: each request's last token).
@@ -103,8 +103,12 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return gather_last_dim(torch.nn.functional.linear(x, head), self.parallel).float()
 
-    def forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:
-        x, ctx = self.embed(batch, pool)
+    def hidden(self, batch: ForwardBatch, pool: HybridPool, cores: CoreRunner = run_core) -> torch.Tensor:
+        """[T, H]: every layer's output for every token of the step, before the final norm."""
+        x, ctx = self.embed(batch, pool, cores)
         for layer in self.layers:
             x = layer(x, ctx)
-        return self.logits(x, batch, rows)
+        return x
+
+    def forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:
+        return self.logits(self.hidden(batch, pool), batch, rows)
