@@ -52,6 +52,10 @@ class EngineArgs:
     disable_cuda_graph: bool = arg(False, "run decode eagerly instead of replaying captured CUDA graphs")
     cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
                                               "--max-running-requests)")
+    piecewise_cuda_graph_max_tokens: int | None = arg(
+        None, "largest prefill or mixed step (in tokens) replayed from piecewise CUDA graphs: per token bucket, "
+              "everything but attention and the GDN conv and delta rule is captured, which removes most of the "
+              "host's launch cost (default: --chunked-prefill-size + 512; 0: off)")
     mem_fraction_static: float | None = arg(
         None, f"GPU: share of the memory left after the weights and the measured activation peak that the pool "
               f"(state slots, KV pages) takes (default {DEFAULT_MEM_FRACTION})", aliases=("--gpu-memory-utilization",))
@@ -67,6 +71,8 @@ class EngineArgs:
         check_sizes(self.tp_size, self.ep_size)
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 0:
+            raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 0, got {self.piecewise_cuda_graph_max_tokens}")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
         if self.context_length is not None and self.context_length < 2:

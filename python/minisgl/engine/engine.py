@@ -18,10 +18,12 @@ from torch import nn
 from minisgl.engine import compile_watch
 from minisgl.engine.device_memory import DevicePreparation, prepare_on_device
 from minisgl.engine.graph import DecodeGraphRunner
+from minisgl.engine.piecewise_graph import PiecewiseGraphRunner, piecewise_buckets
 from minisgl.engine.plan import EnginePlan
 from minisgl.engine.tp_group import (
     JOIN_TIMEOUT_S, JOINING, READY, FollowerSpec, JournaledPool, TpGroup, TpStep, follow, init_group, status_key,
 )
+from minisgl.engine.warmup import largest_prefill, shape_batch
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.models.config import ModelConfig
@@ -67,6 +69,7 @@ class Engine:
         self.plan = plan
         self.parallel = parallel or SINGLE
         self.followers: TpGroup | None = None  # set once this rank 0 is ready to serve
+        self.piecewise_bytes = 0  # device memory the piecewise CUDA graphs hold
         try:
             self._build(weight_filter, mlp_factory, max_prefill_tokens, warm_up, journaled=group is not None)
             if group is not None:
@@ -116,6 +119,8 @@ class Engine:
         measured = plan.measure_pool and warm_up
         self.preparation: DevicePreparation | None = None
         with compile_watch.warming_up():
+            # Before the planner measures what is free, so the graphs' memory is counted as taken.
+            self.prefill_graphs = self._capture_piecewise(backends, remote_moe=mlp_factory is not None)
             if measured:
                 self.preparation = prepare_on_device(plan, self.model, self.layout, self.parallel, max_prefill_tokens)
                 self.pool_cfg = self.preparation.pool_config
@@ -135,13 +140,15 @@ class Engine:
             self.followers.close()
             self.followers = None
 
-    def warmup_summary(self) -> dict[str, float | int | str]:
+    def warmup_summary(self) -> dict[str, object]:
         """What warm-up cost and what the planner chose, for /server_info."""
         prep = self.preparation
         if prep is None:
             return {}
         return {"warmup_seconds": prep.warmup_seconds, "warmup_compiles": prep.warmup_compiles,
-                "memory": prep.describe(self.startup_seconds)}
+                "memory": prep.describe(self.startup_seconds),
+                "piecewise_graph_buckets": tuple(self.prefill_graphs.buckets) if self.prefill_graphs else (),
+                "piecewise_graph_gib": round(self.piecewise_bytes / 2**30, 3)}
 
     def _log_pool(self) -> None:
         if self.preparation is not None:
@@ -167,6 +174,35 @@ class Engine:
         logger.info("captured decode CUDA graphs for batch sizes %s", runner.buckets)
         return runner
 
+    def _capture_piecewise(self, backends: Backends, remote_moe: bool) -> PiecewiseGraphRunner | None:
+        top = self.plan.piecewise_max_tokens
+        off = ("--piecewise-cuda-graph-max-tokens 0 or CUDA graphs off" if top == 0 else
+               "an AFD attention worker's MoE exchanges outside the graphs" if remote_moe else
+               "TP ranks replay the leader's steps eagerly" if self.parallel.tp_size > 1 else
+               f"{type(backends.moe).__name__} synchronises with the host" if not backends.moe.cuda_graph_safe else "")
+        if off:
+            if top:
+                logger.info("piecewise CUDA graphs off: %s", off)
+            return None
+        flags, chunk = self.plan.pool, self.plan.args.chunked_prefill_size
+        scratch = HybridPool.scratch(self.layout, flags.max_seq_len, flags.page_size, self.dtype, flags.ssm_dtype,
+                                     self.device)
+
+        def make(tokens: int) -> ForwardBatch:
+            return shape_batch(largest_prefill(tokens, chunk, flags.max_seq_len),
+                               lambda t, p, s: ForwardBatch.build(t, p, s, scratch.page_table, flags.page_size,
+                                                                  self.device),
+                               self.config.vocab_size)
+
+        started, reserved = time.monotonic(), torch.cuda.memory_reserved(self.device)
+        runner = PiecewiseGraphRunner(self.model, scratch, make, piecewise_buckets(top, chunk))
+        del scratch
+        torch.cuda.empty_cache()
+        self.piecewise_bytes = torch.cuda.memory_reserved(self.device) - reserved
+        logger.info("captured piecewise CUDA graphs for prefill and mixed steps of %d buckets up to %d tokens in "
+                    "%.1f s (%.2f GiB)", len(runner.buckets), top, time.monotonic() - started, self.piecewise_bytes / 2**30)
+        return runner
+
     def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch:
         return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device)
 
@@ -178,6 +214,8 @@ class Engine:
                                        None if rows is None else rows.numel()))
         if rows is None and self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            return self.prefill_graphs.replay(batch, self.pool, rows)
         return self._forward(batch, self.pool, rows)
 
     def _forward(self, batch: ForwardBatch, pool: HybridPool, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -94,6 +94,14 @@ class EnginePlan:
     cuda_graphs: bool  # decode replays captured CUDA graphs
 
     @property
+    def piecewise_max_tokens(self) -> int:
+        """The largest step replayed from piecewise CUDA graphs (0: none)."""
+        if not self.cuda_graphs:
+            return 0
+        top = self.args.piecewise_cuda_graph_max_tokens
+        return self.args.chunked_prefill_size + 512 if top is None else top
+
+    @property
     def model_path(self) -> str:
         return self.args.model_path
 

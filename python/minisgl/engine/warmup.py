@@ -95,6 +95,15 @@ def warmup_params() -> list[SamplingParams]:
     ]
 
 
+def shape_batch(
+    shape: StepShape, make_batch: Callable[[list[list[int]], list[int], list[int]], ForwardBatch], vocab_size: int
+) -> ForwardBatch:
+    """A batch of `shape` on the dummy slot, with seeded random tokens."""
+    gen = torch.Generator().manual_seed(shape.num_tokens)
+    tokens = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in shape.extend]
+    return make_batch(tokens, list(shape.prefix), [DUMMY_SLOT] * len(shape.extend))
+
+
 def run_shape(
     shape: StepShape,
     make_batch: Callable[[list[list[int]], list[int], list[int]], ForwardBatch],
@@ -102,9 +111,6 @@ def run_shape(
     sample: Callable[[torch.Tensor, list[SamplingParams]], object],
     vocab_size: int,
 ) -> None:
-    gen = torch.Generator().manual_seed(shape.num_tokens)
-    tokens = [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in shape.extend]
-    batch = make_batch(tokens, list(shape.prefix), [DUMMY_SLOT] * len(shape.extend))
-    logits = forward(batch)
+    logits = forward(shape_batch(shape, make_batch, vocab_size))
     kinds = warmup_params()
     sample(logits, [kinds[i % len(kinds)] for i in range(logits.shape[0])])

@@ -68,6 +68,8 @@ class SchedulerInfo:
     warmup_seconds: float = 0.0
     warmup_compiles: int = 0  # Triton compiles and autotuning runs during warm-up
     memory: str = ""  # the memory planner's summary (GPU)
+    piecewise_graph_buckets: tuple[int, ...] = ()  # token counts of prefill/mixed steps replayed from graphs
+    piecewise_graph_gib: float = 0.0  # device memory those graphs hold
     supports_logprobs: bool = True  # logprobs and prompt_logprobs can be asked for
 
 
