@@ -1,0 +1,58 @@
+"""Piecewise CUDA graphs on the GPU (engine/piecewise_graph.py): captured replays of prefill and mixed
+steps against the same steps run eagerly on a twin pool (tests/piecewise_scenario.py: padding with
+stale rows, decodes leading a prompt, a decode-only step, the top bucket), on the tiny hybrid and
+Qwen3-MoE models in fp32, through the engine as it serves, and at the 122B's widths in FP8."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minisgl import LLM
+from minisgl.engine.args import EngineArgs
+from minisgl.engine.engine import Engine
+from minisgl.engine.plan import resolve_plan
+from minisgl.models.known_configs import hf_config
+from piecewise_scenario import make_runner, run_both
+
+pytestmark = pytest.mark.gpu
+FP32_TOL = 1e-5
+# bf16 activations and FP8 GEMMs: a padded step runs its GEMMs at another M, where cuBLAS and our
+# tiles may pick other algorithms, so rows round differently (bf16's unit roundoff 2^-8 ~ 4e-3 on
+# each op's output); a wrong replay (a stale or shifted row) is off by O(1).
+BF16_TOL = 2e-2
+
+
+def _check(errors: list[tuple[str, float]], tol: float) -> None:
+    assert len(errors) > 4
+    for what, err in errors:
+        assert err < tol, f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("ckpt", ["bf16", "qwen3_moe"])
+def test_captured_replay_equals_eager(tiny_checkpoints, ckpt: str) -> None:
+    llm = LLM(tiny_checkpoints[ckpt], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
+              context_length=256, piecewise_cuda_graph_max_tokens=0)
+    assert llm.engine.prefill_graphs is None
+    _check(run_both(llm.engine, make_runner(llm.engine, capture=True)), FP32_TOL)
+
+
+def test_engine_serves_from_its_graphs(tiny_checkpoints) -> None:
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
+              context_length=256, chunked_prefill_size=64)
+    runner = llm.engine.prefill_graphs
+    assert runner is not None and runner.buckets[-1] == 64 + 512
+    _check(run_both(llm.engine, runner), FP32_TOL)
+
+
+def test_fp8_model_at_122b_width(tmp_path) -> None:
+    raw = hf_config("Qwen3.5-122B-A10B", fp8=True)
+    raw["text_config"]["num_hidden_layers"] = 4  # 3 GDN + 1 full attention, real widths
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    engine = Engine(resolve_plan(EngineArgs(str(tmp_path), load_format="dummy", page_size=64, max_running_requests=8,
+                                            context_length=1024, chunked_prefill_size=512,
+                                            piecewise_cuda_graph_max_tokens=0)))
+    errors = run_both(engine, make_runner(engine, capture=True))
+    _check(errors, BF16_TOL)
+    torch.cuda.synchronize()
