@@ -223,19 +223,11 @@ def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
 
 def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], str]:  # noqa: ANN001
     """Steps as the server runs them while requests decode: D decode rows at 1K context, then one
-    prefill chunk of C tokens (the scheduler's order: the decodes take the decode kernels), eager
-    (a graph holds decode only), against the D-row decode graph alone; and, for comparison, the
-    same rows with the chunk first (every row through the varlen prefill kernels), and both with
-    the projections on the tiled kernel instead of cuBLAS. `host ms` is the time to enqueue the
-    step without waiting: near `step ms`, the host's launches (or a sync) bound the step."""
-    import time
-
-    import minisgl.kernels.fp8_linear as fp8_linear_module
+    prefill chunk of C tokens (the scheduler's order: the decodes take the decode kernels), from the
+    piecewise CUDA graphs and eagerly, against the D-row decode graph alone. `host ms` is the time
+    to enqueue the step without waiting: near `step ms`, the host's launches bound the step."""
     from bench_decode import decode_batch, time_steps
-    from minisgl.kernels.fp8_linear import Regime
 
-    cublas_regimes = fp8_linear_module.REGIMES
-    tiled_regimes = tuple(Regime(r.min_m, "tiled", r.tile) if r.tile else r for r in cublas_regimes)
     rows, prof = [], ""
     for chunk, d in mixed:
         decode, slots = decode_batch(engine, d, 1024)
@@ -244,36 +236,51 @@ def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, obj
         engine.pool.ensure_tokens(slot, chunk)
         prompt = torch.randint(0, engine.config.vocab_size, (chunk,)).tolist()
         decode_rows = [[t] for t in decode.input_ids.tolist()]
-        orders = {
-            "decodes first": engine.make_batch(decode_rows + [prompt], [1024] * d + [0], slots + [slot]),
-            "chunk first": engine.make_batch([prompt] + decode_rows, [0] + [1024] * d, [slot] + slots),
-        }
-        for gemm, regimes in (("cublas", cublas_regimes), ("tiled", tiled_regimes)):
-            fp8_linear_module.REGIMES = regimes
-            for order, batch in orders.items():
-                ms = time_steps(engine, batch, steps=5)
+        batch = engine.make_batch(decode_rows + [prompt], [1024] * d + [0], slots + [slot])
+        for mode, ms, host in step_modes(engine, batch):
+            rows.append({"step": f"{chunk} prefill + {d} decode, {mode}", "step ms": ms, "host ms": host,
+                         "decode-only graph ms": graph_ms,
+                         "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
+            print(rows[-1])
+        if not prof:
+            print(host_profile(engine, batch))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                engine.forward_batch(batch)
                 torch.cuda.synchronize()
-                host = []
-                for _ in range(3):
-                    started = time.perf_counter()
-                    engine.forward_batch(batch)
-                    host.append((time.perf_counter() - started) * 1e3)
-                    torch.cuda.synchronize()
-                rows.append({"step": f"{chunk} prefill + {d} decode, {order}, {gemm}", "step ms": ms,
-                             "host ms": min(host), "decode-only graph ms": graph_ms,
-                             "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
-                print(rows[-1])
-                if not prof:
-                    print(host_profile(engine, batch))
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
-                        engine.forward_batch(batch)
-                        torch.cuda.synchronize()
-                    prof = (f"one {chunk} + {d} mixed step, {order}, {gemm}\n"
-                            + p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
-        fp8_linear_module.REGIMES = cublas_regimes
+            prof = (f"one {chunk} + {d} mixed step as served\n"
+                    + p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
         for s in [slot] + slots:
             engine.pool.free(s)
     return rows, prof
+
+
+def step_modes(engine, batch, steps: int = 5) -> list[tuple[str, float, float]]:  # noqa: ANN001
+    """(mode, median step ms, fastest host ms to enqueue it) as served (the piecewise CUDA graphs,
+    when the step fits them) and eagerly."""
+    import time
+
+    from bench_decode import time_steps
+
+    graphs = engine.prefill_graphs
+    modes = [("eager", None)]
+    if graphs is not None and graphs.can_run(batch):
+        modes.insert(0, (f"piecewise graphs (bucket {graphs.bucket(batch.num_tokens)})", graphs))
+    out = []
+    for mode, runner in modes:
+        engine.prefill_graphs = runner
+        try:
+            ms = time_steps(engine, batch, steps=steps)
+            torch.cuda.synchronize()
+            host = []
+            for _ in range(3):
+                started = time.perf_counter()
+                engine.forward_batch(batch)
+                host.append((time.perf_counter() - started) * 1e3)
+                torch.cuda.synchronize()
+        finally:
+            engine.prefill_graphs = graphs
+        out.append((mode, ms, min(host)))
+    return out
 
 
 def host_profile(engine, batch) -> str:  # noqa: ANN001
@@ -315,7 +322,8 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
 
 
 def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
-               copy: float, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+               copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
+               ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
     """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
     and rooflined as bench_decode.py does, to show the small-M paths did not regress, then the mixed
     steps of mixed_rows."""
@@ -339,7 +347,8 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
                                max_running_requests=slots_needed, num_pages=pages,
                                cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
-                               disable_cuda_graph=not (decode_batches or mixed))),
+                               disable_cuda_graph=not (decode_batches or mixed),
+                               piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
                     warm_up=False)
     print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""
@@ -349,13 +358,13 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
             engine.pool.ensure_tokens(s, n)
         seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
         batch = engine.make_batch(seqs, [0] * b, slots)
-        ms = time_steps(engine, batch, steps=3)  # after 3 untimed (compiles, fla's autotuning)
         flops = model_flops(engine, [n] * b)
         roof_ms = flops / (ceiling * 1e9)
-        rows.append({"layers": layers, "step": f"{b} x {n}", "tokens": b * n, "step ms": ms,
-                     "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
-                     "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
-        print(rows[-1])
+        for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
+            rows.append({"layers": layers, "step": f"{b} x {n}, {mode}", "tokens": b * n, "step ms": ms,
+                         "host ms": host, "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
+                         "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
+            print(rows[-1])
         if (b, n) == steps[0]:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
                 engine.forward_batch(batch)
@@ -392,6 +401,8 @@ def main() -> None:
     ap.add_argument("--decode-batches", default="32,64", help="decode check at 1K context; '' for none")
     ap.add_argument("--mixed", default="1024+56,2048+56",
                     help="CHUNK+D: a CHUNK-token prefill beside D decode rows, eager as served; '' for none")
+    ap.add_argument("--piecewise-max-tokens", type=int, default=None,
+                    help="the engine's --piecewise-cuda-graph-max-tokens (default: its own; 0: eager steps only)")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     args = ap.parse_args()
@@ -427,7 +438,7 @@ def main() -> None:
         decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
         mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
         out["model"], out["decode"], out["profile"] = model_rows(args.layers, steps, decode_batches, ceiling,
-                                                                 ceil["copy TB/s"], mixed)
+                                                                 ceil["copy TB/s"], mixed, args.piecewise_max_tokens)
         print(out["profile"])
         save()
     print(table([out["ceilings"]], "Ceilings (this run)"))
@@ -447,13 +458,13 @@ def main() -> None:
             summary.append({"what": f"MoE T={r['T']} {r['stage']}", "figure": fig,
                             "ratio": f"{r['vs ceiling']:.2f} of ceiling" if "vs ceiling" in r else "-"})
     for r in out.get("model", []):
-        if "host ms" in r:
-            summary.append({"what": f"mixed step {r['step']} (eager)",
+        if "decode-only graph ms" in r:
+            summary.append({"what": f"mixed step {r['step']}",
                             "figure": f"{r['step ms']:.1f} ms (host {r['host ms']:.1f} ms)",
                             "ratio": f"{r['decode-only graph ms']:.1f} ms decode graph alone"})
             continue
         summary.append({"what": f"prefill step {r['step']} ({r['layers']} layers)",
-                        "figure": f"{r['tokens/s']:.0f} tok/s ({r['step ms']:.1f} ms)",
+                        "figure": f"{r['tokens/s']:.0f} tok/s ({r['step ms']:.1f} ms, host {r['host ms']:.1f} ms)",
                         "ratio": f"{r['vs roofline']:.2f} of FLOP roofline"})
     for r in out.get("decode", []):
         summary.append({"what": f"decode B={r['B']} at {r['context']} ({r['layers']} layers, graphs)",
