@@ -75,6 +75,14 @@ def _routing(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, weights
 
 
+def _assert_matches_reference(out: torch.Tensor, args: tuple, fp8: bool) -> None:
+    if fp8:
+        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
+    else:
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+
+
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 @pytest.mark.parametrize("t,e,k,h,i", SHAPES)
 def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8: bool) -> None:
@@ -86,12 +94,7 @@ def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8:
     poison_allocator()
     out = TritonExperts().forward(x, gate_up, down, ids, weights, gate_up_scale, down_scale)
     assert out.shape == x.shape and out.dtype == x.dtype
-    args = (x, gate_up, down, ids, weights, gate_up_scale, down_scale)
-    if fp8:
-        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
-    else:
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+    _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), fp8)
     if t > 3:
         assert torch.equal(out[1], torch.zeros_like(out[1]))
 
@@ -122,12 +125,7 @@ def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m
     hidden = moe_gemm.moe_gate_up(x, gate_up, gate_up_scale, g, **gate_up_tile)
     y = moe_gemm.moe_down(hidden, down, down_scale, weights, g, **down_tile)
     out = moe_gemm.moe_combine(y, ids, e, x.dtype)
-    args = (x, gate_up, down, ids, weights, gate_up_scale, down_scale)
-    if fp8:
-        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
-    else:
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+    _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), fp8)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
