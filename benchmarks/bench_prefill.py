@@ -1,7 +1,7 @@
 """Prefill at Qwen3.5-122B-A10B FP8 shapes against the FP8 matrix ceiling measured in the same run.
 
-    python benchmarks/bench_prefill.py [--tokens 512,4096,16384] [--moe-tokens 4096,16384]
-        [--layers 48] [--steps 16x1024,2x8192] [--skip-model] [--skip-kernels]
+    python benchmarks/bench_prefill.py [--tokens 512,4096,16384] [--moe-tokens 1024,4096,16384]
+        [--layers 48] [--steps 16x1024,2x8192] [--skip-model] [--skip-kernels] [--moe-only]
 
 Prints, in one run:
 - the ceilings: torch._scaled_mm at 8192^3 with rowwise scales (the FP8 matrix ceiling every
@@ -11,8 +11,10 @@ Prints, in one run:
 - every FP8 projection shape (kernels/fp8_linear.py's backends: split-K, each candidate tile of the
   tiled kernel with and without TMA, cuBLAS block scaling), GEMM alone on quantised activations, and
   which backend wins at each token count: the rows REGIMES should hold;
-- the fused MoE stages at prefill sizes (align, gate/up + SwiGLU, down, combine), each candidate
-  tile, against the ceiling;
+- the fused MoE at prefill sizes, uniform and skewed routing: the align, and every candidate
+  (MOE_CANDIDATES: decode's tokens-narrow kernels, with wider tiles, and the large-M kernels) for
+  gate/up + SwiGLU and down against the ceiling, checked against each other; --moe-only runs just
+  this after the ceiling (benchmarks/moe_session.sh);
 - whole prefill steps of the engine (`--load-format dummy`, the real config with --layers layers,
   Triton/fla backends): tokens/s and the ratio to the FLOP roofline (GEMM FLOPs of every
   projection, expert and router, plus causal attention; the GDN recurrence is not counted), and a
@@ -30,7 +32,6 @@ import os
 import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import astuple
 
 import torch
 
@@ -43,7 +44,7 @@ from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
 from minisgl.kernels.fp8_linear import REGIMES, fp8_linear, regime
 from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.kernels.moe_align import align_experts
-from minisgl.kernels.moe_gemm import DOWN_TILES, GATE_UP_TILES, moe_combine, moe_down, moe_gate_up
+from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, regime, rows_bucket
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, quantize_block_fp8
 
 DEV = "cuda"
@@ -59,9 +60,30 @@ TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
     TileConfig(64, 128, 4, 4), TileConfig(128, 128, 8, 3), TileConfig(64, 128, 4, 4, tma=True),
     TileConfig(128, 128, 8, 4, tma=True), TileConfig(128, 128, 4, 4, tma=True), TileConfig(128, 256, 8, 3, tma=True),
 ]
-MOE_TILES = {  # stage -> candidate (block_n, num_warps, num_stages) at 128 rows per block
-    "gate_up": [(64, 8, 3), (64, 8, 4), (128, 8, 3)],
-    "down": [(128, 8, 3), (128, 8, 4), (64, 4, 4)],
+# name -> (rows per block, or None for the regime's; gate_up override; down override): the fused MoE's
+# candidates at prefill sizes. "decode kernels" are the tokens-narrow kernels (the table before the
+# large-M regime: 64/128 columns, 8 warps at 128 rows), then with wider tiles; "large" the large-M
+# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue / down's columns).
+def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
+    return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
+
+
+def _large(bn: int, warps: int, stages: int, group_m: int = 8) -> dict[str, object]:
+    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m)
+
+
+MOE_CANDIDATES = {
+    "regime (REGIMES now)": (None, {}, {}),
+    "decode kernels, 128 rows (as before)": (128, _narrow(64, 8, 3), _narrow(128, 8, 3)),
+    "decode kernels 128 w8 s4": (128, _narrow(128, 8, 4), _narrow(128, 8, 4)),
+    "decode kernels 128/256 w8 s3": (128, _narrow(128, 8, 3), _narrow(256, 8, 3)),
+    "large 64: 64/128 w4 s3": (64, _large(64, 4, 3), _large(128, 4, 3)),
+    "large 64: 128q/128 w4 s3": (64, _large(128, 4, 3), _large(128, 4, 3)),
+    "large 64: 128q/256 w8 s3": (64, _large(128, 8, 3), _large(256, 8, 3)),
+    "large 128: 64/128 w8 s4": (128, _large(64, 8, 4), _large(128, 8, 4)),
+    "large 128: 128q/128 w8 s3": (128, _large(128, 8, 3), _large(128, 8, 3)),
+    "large 128: 128q/256 w8 s3": (128, _large(128, 8, 3), _large(256, 8, 3)),
+    "large 128: 128q/128 w8 s3 group 1": (128, _large(128, 8, 3, 1), _large(128, 8, 3, 1)),
 }
 
 
@@ -159,38 +181,87 @@ def regime_key(m: int) -> str:
     return "split_k" if r.backend == "split_k" else "cublas" if r.backend == "cublas" else tile_name(r.tile)
 
 
-def moe_rows(tokens: list[int], ceiling: float) -> list[dict[str, object]]:
+def moe_routing(t: int, skewed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-8 of 256 per token: uniform, or skewed (expert popularity ~ 1 / rank, drawn without
+    replacement: the hottest expert gets ~60% of the tokens, the coldest ~2%)."""
+    if skewed:
+        p = 1.0 / torch.arange(1, E + 1, device=DEV, dtype=torch.float32)
+        ids = torch.multinomial(p[torch.randperm(E, device=DEV)].expand(t, E), TOP_K)
+    else:
+        ids = torch.rand(t, E, device=DEV).topk(TOP_K, dim=-1).indices
+    return ids, torch.rand(t, TOP_K, device=DEV).softmax(-1).to(torch.bfloat16)
+
+
+def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], save: Callable[[], None]) -> None:
+    """Every MoE candidate at every token count, uniform and skewed routing: gate_up (+ SwiGLU, incl.
+    quantising x) and down (x routing weight, incl. quantising h unless gate_up did) against the
+    ceiling, on the useful (unpadded) FLOPs; the align; each candidate's output against the first's."""
     w = fp8_experts()
-    rows = []
     for t in tokens:
         x = torch.randn(t, H, device=DEV, dtype=torch.bfloat16)
-        ids = torch.rand(t, E, device=DEV).topk(TOP_K, dim=-1).indices
-        weights = torch.rand(t, TOP_K, device=DEV).softmax(-1).to(torch.bfloat16)
-        g = align_experts(ids, E)
-        h = moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g)
-        y = moe_down(h, w["down"], w["down_scale"], weights, g)
         pairs = t * TOP_K
         flops = {"gate_up": 2 * pairs * H * 2 * I, "down": 2 * pairs * I * H}
-        base = {"T": t, "BLOCK_M": g.block_m, "blocks": g.max_blocks}
-        rows.append({**base, "stage": "align", "us": median_us(lambda: align_experts(ids, E))})
-        rows.append({**base, "stage": "quantise x", "us": median_us(lambda: quantize_activations(x))})
-        rows.append({**base, "stage": "quantise h", "us": median_us(lambda: quantize_activations(h))})
-        rows.append({**base, "stage": "combine", "us": median_us(lambda: moe_combine(y, ids, E, x.dtype))})
-        table_tile = {"gate_up": GATE_UP_TILES[g.block_m], "down": DOWN_TILES[g.block_m]}
-        for stage, cands in MOE_TILES.items():
-            for bn, warps, stages in cands:
-                cfg = dict(block_n=bn, num_warps=warps, num_stages=stages)
-                run = (lambda cfg=cfg: moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g, **cfg)) if stage == "gate_up" \
-                    else (lambda cfg=cfg: moe_down(h, w["down"], w["down_scale"], weights, g, **cfg))
-                us = attempt(f"MoE {stage} T={t} {cfg}", lambda run=run: median_us(run))
-                row = {**base, "stage": stage, "tile (block_n, warps, stages)": f"{bn}, {warps}, {stages}",
-                       "in table": (bn, warps, stages) == astuple(table_tile[stage]), "us": us}
-                if isinstance(us, float):
-                    row["TFLOP/s (incl. its quantiser)"] = tflops(flops[stage], us)
-                    row["vs ceiling"] = tflops(flops[stage], us) / ceiling
+        for routing in ("uniform", "skewed"):
+            ids, weights = moe_routing(t, routing == "skewed")
+            base = {"T": t, "routing": routing, "bucket": rows_bucket(pairs, E)}
+            groupings = {}
+            first_out = None
+            for name, (bm, gu_cfg, dn_cfg) in MOE_CANDIDATES.items():
+                bm = bm or regime(pairs, E).block_m
+                if bm not in groupings:
+                    groupings[bm] = align_experts(ids, E, bm)
+                    rows.append({**base, "candidate": f"align, {bm} rows per block", "block_m": bm,
+                                 "us": median_us(lambda bm=bm: align_experts(ids, E, bm))})
+                g = groupings[bm]
+                row: dict[str, object] = {**base, "candidate": name, "block_m": bm}
+                try:
+                    hidden = moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g, **gu_cfg)
+                    y = moe_down(hidden, w["down"], w["down_scale"], weights, g, **dn_cfg)
+                    out = moe_combine(y, ids, E, x.dtype).float()
+                    first_out = out if first_out is None else first_out
+                    row["rel err vs first"] = ((out - first_out).abs().max() / first_out.abs().max()).item()
+                    us = {"gate_up": median_us(lambda: moe_gate_up(x, w["gate_up"], w["gate_up_scale"], g, **gu_cfg),
+                                               warmup_ms=5, rep_ms=25),
+                          "down": median_us(lambda: moe_down(hidden, w["down"], w["down_scale"], weights, g, **dn_cfg),
+                                            warmup_ms=5, rep_ms=25)}
+                except Exception as err:  # noqa: BLE001 - a candidate that fails to compile or run is reported
+                    print(f"  MoE T={t} {routing} {name}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
+                    rows.append({**row, "us": f"fails: {type(err).__name__}"})
+                    continue
+                for stage in ("gate_up", "down"):
+                    row[f"{stage} us"] = us[stage]
+                    row[f"{stage} vs ceiling"] = tflops(flops[stage], us[stage]) / ceiling
+                row["us"] = us["gate_up"] + us["down"]
+                row["TFLOP/s"] = tflops(flops["gate_up"] + flops["down"], row["us"])
+                row["vs ceiling"] = row["TFLOP/s"] / ceiling
                 rows.append(row)
-        print(table([r for r in rows if r["T"] == t], f"MoE T={t}"))
-    return rows
+            h_bf16 = torch.randn(pairs, I, device=DEV, dtype=torch.bfloat16)
+            rows.append({**base, "candidate": "quantise h alone (in down's time unless q)",
+                         "us": median_us(lambda: quantize_activations(h_bf16))})
+            if first_out is not None:
+                rows.append({**base, "candidate": "combine", "us": median_us(lambda: moe_combine(y, ids, E, x.dtype))})
+            print(table([r for r in rows if r["T"] == t and r["routing"] == routing],
+                        f"MoE T={t}, {routing} routing (ceiling {ceiling:.0f} TFLOP/s)"))
+            save()
+
+
+def moe_summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Per token count and routing: the regime's figures and the fastest candidate (REGIMES' choice)."""
+    out = []
+    for key in dict.fromkeys((r["T"], r["routing"], r["bucket"]) for r in rows):
+        here = [r for r in rows if (r["T"], r["routing"], r["bucket"]) == key]
+        timed = [r for r in here if "vs ceiling" in r]
+        for r in [r for r in here if r["candidate"].startswith("align")] + timed[:1] + (
+                [max(timed, key=lambda r: r["vs ceiling"])] if timed else []):
+            fig = f"{r['us']:.1f} us" if isinstance(r["us"], float) else r["us"]
+            ratio = "-"
+            if "vs ceiling" in r:
+                ratio = (f"{r['vs ceiling']:.2f} (gate_up {r['gate_up vs ceiling']:.2f}, "
+                         f"down {r['down vs ceiling']:.2f}) of ceiling")
+            out.append({"what": f"MoE T={key[0]} {key[1]} (bucket {key[2]}): {r['candidate']}"
+                                + (" [fastest]" if r is not timed[0] and "vs ceiling" in r else ""),
+                        "figure": fig, "ratio": ratio})
+    return out
 
 
 def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
@@ -395,7 +466,7 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="512,4096,16384")
-    ap.add_argument("--moe-tokens", default="4096,16384")
+    ap.add_argument("--moe-tokens", default="1024,4096,16384")
     ap.add_argument("--layers", type=int, default=48)
     ap.add_argument("--steps", default="16x1024,2x8192")
     ap.add_argument("--decode-batches", default="32,64", help="decode check at 1K context; '' for none")
@@ -405,6 +476,7 @@ def main() -> None:
                     help="the engine's --piecewise-cuda-graph-max-tokens (default: its own; 0: eager steps only)")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--moe-only", action="store_true", help="the ceiling and the MoE candidates only")
     args = ap.parse_args()
     torch.manual_seed(0)
     out: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -421,19 +493,21 @@ def main() -> None:
     print(f"{out['device']}, torch {out['torch']}; {ceil}; cuBLAS block scaling: {out['cublas block scaling']}")
     save()
     summary: list[dict[str, object]] = []
-    if not args.skip_kernels:
+    if not args.skip_kernels and not args.moe_only:
         out["quantiser"] = quantiser_rows([4096, 16384], ceil["copy TB/s"])
         print(table(out["quantiser"], "Activation quantiser"))
         save()
         out["linear"], out["linear winners"] = linear_rows([int(t) for t in args.tokens.split(",")], ceiling)
         print(table(out["linear"], f"FP8 projections, GEMM alone (ceiling {ceiling:.0f} TFLOP/s)"))
         save()
+    if not args.skip_kernels or args.moe_only:
         try:
-            out["moe"] = moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling)
+            out["moe"] = []
+            moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling, out["moe"], save)
         except Exception:  # noqa: BLE001 - keep the model step's figures even if the MoE bench breaks
             traceback.print_exc()
         save()
-    if not args.skip_model:
+    if not args.skip_model and not args.moe_only:
         steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
         decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
         mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
@@ -450,13 +524,7 @@ def main() -> None:
                                 f"(regime now: {r['regime now']})",
                         "figure": f"{r['its TFLOP/s']:.0f} TFLOP/s (regime {r['regime TFLOP/s']:.0f})",
                         "ratio": f"{r['vs ceiling']:.2f} of ceiling"})
-    for r in out.get("moe", []):
-        if r.get("in table") or r["stage"] == "align":
-            fig = f"{r['us']:.1f} us" if isinstance(r["us"], float) else r["us"]
-            if "TFLOP/s (incl. its quantiser)" in r:
-                fig += f", {r['TFLOP/s (incl. its quantiser)']:.0f} TFLOP/s"
-            summary.append({"what": f"MoE T={r['T']} {r['stage']}", "figure": fig,
-                            "ratio": f"{r['vs ceiling']:.2f} of ceiling" if "vs ceiling" in r else "-"})
+    summary += moe_summary(out.get("moe", []))
     for r in out.get("model", []):
         if "decode-only graph ms" in r:
             summary.append({"what": f"mixed step {r['step']}",

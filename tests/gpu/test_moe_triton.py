@@ -20,9 +20,10 @@ from fp8_refs import DEVICE, moe_reference, poison_allocator, rel_err
 
 pytest.importorskip("triton")
 
-from minisgl.kernels import moe_align, moe_gemm
+from minisgl.kernels import moe_align, moe_gemm, moe_gemm_large
 from minisgl.kernels.fp8_quant import _quantize_groups_kernel
-from minisgl.kernels.moe_align import align_experts, rows_per_block
+from minisgl.kernels.moe_align import align_experts
+from minisgl.kernels.moe_gemm import regime, rows_bucket
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
 from minisgl.moe.triton_experts import TritonExperts
 
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.gpu
 
 FP8_EMULATED, FP8_PLAIN, BF16_TOL = 2e-2, 8e-2, 2e-2
 # (T, E, k, H, I): tiny model, 122B at decode batches 16/64/256 and prefill chunks of 2K and 6K
-# tokens (64 and 128 rows per block, the split align), 397B, ragged sizes.
+# tokens (the decode kernels at 64 rows per block; the large-M ones; the split align), 397B, ragged
+# sizes (the last on the large-M kernels).
 SHAPES = [
     (5, 8, 2, 128, 64),
     (16, 256, 8, 3072, 1024),
@@ -73,6 +75,14 @@ def _routing(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, weights
 
 
+def _assert_matches_reference(out: torch.Tensor, args: tuple, fp8: bool) -> None:
+    if fp8:
+        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
+    else:
+        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+
+
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 @pytest.mark.parametrize("t,e,k,h,i", SHAPES)
 def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8: bool) -> None:
@@ -84,14 +94,39 @@ def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8:
     poison_allocator()
     out = TritonExperts().forward(x, gate_up, down, ids, weights, gate_up_scale, down_scale)
     assert out.shape == x.shape and out.dtype == x.dtype
-    args = (x, gate_up, down, ids, weights, gate_up_scale, down_scale)
-    if fp8:
-        assert rel_err(out, moe_reference(*args, emulate=True)) <= FP8_EMULATED
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= FP8_PLAIN
-    else:
-        assert rel_err(out, moe_reference(*args, emulate=False)) <= BF16_TOL
+    _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), fp8)
     if t > 3:
         assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+# (rows per block, gate_up override, down override): every orientation and epilogue, whatever
+# REGIMES holds (tests/kernels/test_moe_interpret.py checks them stage by stage).
+PATHS = [
+    (64, dict(large_m=False, block_n=64, num_warps=4, num_stages=4), dict(large_m=False, block_n=128, num_warps=8)),
+    (64, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=128, num_warps=4)),
+    (64, dict(large_m=True, block_n=128, num_warps=4), dict(large_m=True, block_n=256, num_warps=8)),
+    (128, dict(large_m=True, block_n=128, num_warps=8), dict(large_m=True, block_n=128, num_warps=8)),
+]
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("block_m,gate_up_tile,down_tile", PATHS)
+@pytest.mark.parametrize("t,e,k,h,i", [(2048, 256, 8, 3072, 1024), (900, 6, 3, 320, 384)])
+def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m: int, gate_up_tile: dict,
+                                 down_tile: dict, fp8: bool) -> None:
+    torch.manual_seed(t + block_m + len(gate_up_tile) + fp8)
+    gate_up, gate_up_scale = _gate_up(e, h, i, fp8)
+    down, down_scale = _random_weight(e, h, i, fp8=fp8)
+    x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
+    ids, weights = _routing(t, e, k)
+    ids[ids == e - 1] = 0  # an expert with no rows
+    poison_allocator()
+    g = align_experts(ids, e, block_m)
+    hidden = moe_gemm.moe_gate_up(x, gate_up, gate_up_scale, g, **gate_up_tile)
+    y = moe_gemm.moe_down(hidden, down, down_scale, weights, g, **down_tile)
+    out = moe_gemm.moe_combine(y, ids, e, x.dtype)
+    _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), fp8)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
 @pytest.mark.parametrize(
@@ -101,7 +136,7 @@ def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8:
 def test_align_groups_every_valid_pair_once(t: int, k: int, e: int) -> None:
     torch.manual_seed(t * k + e)
     ids = torch.randint(-1, e + 2, (t, k), device=DEVICE)  # includes -1 and ids >= E
-    g = align_experts(ids, e)
+    g = align_experts(ids, e, regime(t * k, e).block_m)
     block_expert, block_rows = g.block_expert.tolist(), g.block_rows.tolist()
     rows = g.rows.view(-1, g.block_m).tolist()
     flat = ids.flatten().tolist()
@@ -155,8 +190,9 @@ def test_token_counts_in_one_bucket_compile_once() -> None:
     gate_up, gs = _gate_up(e, h, i, True)
     down, ds = _random_weight(e, h, i, fp8=True)
     counts = [1100, 1101, 1200, 1233, 2047]  # 8 pairs each over 64 experts: 128 rows per block
-    assert len({rows_per_block(t * k, e) for t in counts}) == 1
+    assert len({rows_bucket(t * k, e) for t in counts}) == 1
     kernels = [_quantize_groups_kernel, moe_gemm._moe_gate_up_kernel, moe_gemm._moe_down_kernel,
+               moe_gemm_large._moe_gate_up_large_kernel, moe_gemm_large._moe_down_large_kernel,
                moe_gemm._moe_combine_kernel, moe_align._moe_count_kernel, moe_align._moe_block_table_kernel,
                moe_align._moe_scatter_kernel]
     before = None

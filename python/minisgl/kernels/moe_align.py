@@ -122,20 +122,14 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return max(1, min(num_pairs, triton.cdiv(num_pairs, block_m) + num_experts))
 
 
-def rows_per_block(num_pairs: int, num_experts: int) -> int:
-    """BLOCK_M from the mean pairs per expert: 16 (the tensor cores' minimum) for decode, up to 128
-    for prefill (a bucket, so a new token count compiles nothing new)."""
-    return min(128, max(16, triton.next_power_of_2(triton.cdiv(num_pairs, num_experts))))
-
-
 CHUNK = 1024  # pairs per phase-1/3 pass (and per program in the split launch)
 ONE_PROGRAM_PAIRS = 4 * CHUNK  # up to here one program does all (decode); above, three launches
 
 
-def align_experts(local_ids: torch.Tensor, num_experts: int, block_m: int | None = None) -> ExpertGrouping:
+def align_experts(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:
+    """The grouping with `block_m` rows per block (moe_gemm.regime picks it from the pair count)."""
     t, k = local_ids.shape
     num_pairs = t * k
-    block_m = block_m or rows_per_block(num_pairs, num_experts)
     nb = max_blocks(num_pairs, num_experts, block_m)
     dev = local_ids.device
     ids = local_ids.contiguous()

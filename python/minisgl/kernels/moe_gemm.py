@@ -10,7 +10,9 @@ FP8: the activations (x, then h) are quantised once per call, per token in 128-g
 
 Grid: (weight tile, block). A program loads its block's expert and real-row count first and exits
 if the block is unused, so the buffers are sized from T * k alone and the launch never syncs.
-Tokens are the MMA's narrow side (acc is [BLOCK_N, BLOCK_M]), as in fp8_gemm.
+The kernels here are decode's: tokens are the MMA's narrow side (acc is [BLOCK_N, BLOCK_M]), as in
+fp8_gemm. REGIMES picks them or prefill's large-M kernels (kernels/moe_gemm_large.py) and the rows
+per block, by the mean rows per expert, in one table.
 """
 from __future__ import annotations
 
@@ -23,29 +25,8 @@ import triton.language as tl
 from minisgl.kernels.fp8_gemm import load_k_tile, load_scale, num_sms, scaled_dot
 from minisgl.kernels.fp8_quant import GROUP, quantize_activations
 from minisgl.kernels.moe_align import ExpertGrouping
-
-
-@triton.jit
-def _block_rows(grouping_rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M: tl.constexpr):
-    """(expert, positions of this block's rows in grouped order, which of them are real, pair ids)."""
-    expert = tl.load(block_expert_ptr + pid_b)
-    pos = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-    real = tl.arange(0, BLOCK_M) < tl.load(block_rows_ptr + pid_b)
-    pair = tl.load(grouping_rows_ptr + pos, mask=real, other=0)
-    return expert, pos, real, pair
-
-
-@triton.jit
-def _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, N,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """This program's weight rows of `expert`: (their first K step's pointers, their block-scale
-    pointers, the first row's block-scale pointer, the rows, which rows exist)."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    e = expert.to(tl.int64)
-    w_ptrs = w_ptr + e * stride_we + rn[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
-    s_ptrs = s_ptr + e * stride_se + (rn // BLOCK_K) * stride_sn
-    s_first = s_ptr + e * stride_se + (tl.program_id(0) * BLOCK_N // BLOCK_K) * stride_sn
-    return w_ptrs, s_ptrs, s_first, rn, rn < N
+from minisgl.kernels.moe_blocks import MoeTile, block_rows, expert_tiles
+from minisgl.kernels.moe_gemm_large import down_large, fuses_quantisation, gate_up_large
 
 
 @triton.jit
@@ -68,11 +49,11 @@ def _moe_gate_up_kernel(
     UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    g_ptrs, gs_ptrs, gs_first, rn, n_ok = _expert_tiles(
-        w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
+    g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
+        w_ptr, s_ptr, expert, tl.program_id(0), stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
     )
     u_ptrs = g_ptrs + inter * stride_wn
     us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
@@ -106,11 +87,11 @@ def _moe_down_kernel(
     FP8: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    expert, pos, real, pair = _block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(1), BLOCK_M)
     if expert < 0:
         return
-    w_ptrs, s_ptrs, s_first, rn, n_ok = _expert_tiles(w_ptr, s_ptr, expert, stride_we, stride_wn, stride_se,
-                                                      stride_sn, N, BLOCK_N, BLOCK_K)
+    w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(w_ptr, s_ptr, expert, tl.program_id(0), stride_we, stride_wn,
+                                                     stride_se, stride_sn, N, BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
     hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -144,31 +125,51 @@ def _moe_combine_kernel(
 
 
 @dataclass(frozen=True)
-class MoeTile:
-    block_n: int  # weight rows per program (gate_up: of gate, and as many of up)
-    num_warps: int
-    num_stages: int
+class MoeRegime:
+    """The kernels for one bucket of mean rows per expert: the grouping's rows per block and each GEMM's tile."""
+
+    block_m: int
+    gate_up: MoeTile
+    down: MoeTile
 
 
-# By rows per block (BLOCK_M, a bucket of the mean rows per expert: see moe_align.rows_per_block).
-# 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64 leaves SMs idle);
-# 128 is prefill's: twice the rows per weight tile read, and 8 warps for its accumulators.
-GATE_UP_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4, 4), 128: MoeTile(64, 8, 3)}
-DOWN_TILES = {16: MoeTile(64, 4, 4), 32: MoeTile(64, 4, 4), 64: MoeTile(64, 4, 4), 128: MoeTile(128, 8, 3)}
+_DECODE = MoeTile(64, 4, 4)
+# By rows_bucket (mean pairs per local expert). 16-64 are decode's, measured (bench_moe.py --sweep;
+# block_n 64, or 32 when 64 leaves SMs idle): the tokens on the MMA's narrow side. From 128 on,
+# prefill's large-M kernels: 64-row blocks waste fewer padded rows than 128-row ones while an expert
+# sees a few hundred rows, and gate_up's 128 columns (of gate and of up each) quantise h in its
+# epilogue. Not yet measured on the device: bench_prefill.py --moe-only compares every candidate
+# (its "regime" rows say which one each bucket should take).
+REGIMES = {
+    16: MoeRegime(16, _DECODE, _DECODE),
+    32: MoeRegime(32, _DECODE, _DECODE),
+    64: MoeRegime(64, _DECODE, _DECODE),
+    128: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
+    256: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
+    512: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
+}
+
+
+def rows_bucket(num_pairs: int, num_experts: int) -> int:
+    """REGIMES' key: the mean pairs per expert rounded up to a power of two in [16, 512] (a bucket,
+    so a new token count compiles nothing new)."""
+    return min(max(REGIMES), max(min(REGIMES), triton.next_power_of_2(triton.cdiv(num_pairs, num_experts))))
+
+
+def regime(num_pairs: int, num_experts: int) -> MoeRegime:
+    return REGIMES[rows_bucket(num_pairs, num_experts)]
 
 
 SHARED_MEMORY_BUDGET = 160 << 10  # of the H200's 227 KiB per program: the rest for the epilogue's layout change
 
 
-def _tile(
-    table: dict[int, MoeTile], n: int, g: ExpertGrouping, operand_bytes: int, weight_tiles: int, override: dict[str, int]
-) -> MoeTile:
-    """The table's tile for this grouping, narrowed where decode would leave SMs idle, and with no more
-    pipeline stages than fit in shared memory: each stage holds a [BLOCK_M, 128] activation tile and
+def _tile(tile: MoeTile, n: int, g: ExpertGrouping, operand_bytes: int, weight_tiles: int,
+          override: dict[str, int]) -> MoeTile:
+    """The regime's tile, narrowed where decode would leave SMs idle, and with no more pipeline
+    stages than fit in shared memory: each stage holds a [BLOCK_M, 128] activation tile and
     `weight_tiles` [BLOCK_N, 128] weight tiles of `operand_bytes` each (BF16 and fp32 test models
     hold 2-4x FP8's bytes)."""
-    tile = table[g.block_m]
-    if g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
+    if not tile.large_m and g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
         tile = replace(tile, block_n=32)  # decode: narrower tiles rather than idle SMs
     tile = replace(tile, **override)
     stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
@@ -182,20 +183,35 @@ def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor
     return quantize_activations(x) if fp8 else (x, x)
 
 
+# h between the GEMMs: in the activations' dtype, or already FP8 codes and their group scales
+# (a large-M gate_up that quantised it in its epilogue).
+Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
 def moe_gate_up(
     x: torch.Tensor,  # [T, H] bf16
     gate_up: torch.Tensor,  # [E, 2I, H] fp8 or bf16, gate rows first
     gate_up_scale: torch.Tensor | None,  # [E, 2 * ceil(I/128), ceil(H/128)] fp32 for fp8
     g: ExpertGrouping,
     **override: int,  # MoeTile fields (benchmarks)
-) -> torch.Tensor:
-    """[max_blocks * BLOCK_M, I] bf16, rows in grouped order (unused rows unwritten)."""
-    _, two_i, k = gate_up.shape
+) -> Hidden:
+    """h [max_blocks * BLOCK_M, I], rows in grouped order (unused rows unwritten)."""
+    e, two_i, k = gate_up.shape
     inter = two_i // 2
     fp8 = gate_up_scale is not None
-    h = torch.empty(g.rows.shape[0], inter, dtype=x.dtype, device=x.device)
-    tile = _tile(GATE_UP_TILES, inter, g, gate_up.element_size(), 2, override)
+    tile = _tile(regime(x.shape[0] * g.top_k, e).gate_up, inter, g, gate_up.element_size(), 2, override)
     xq, xs = _activations(x, fp8)
+    rows = g.rows.shape[0]
+    if tile.large_m:
+        if fuses_quantisation(tile, fp8, x.dtype):
+            hq = torch.empty(rows, inter, dtype=gate_up.dtype, device=x.device)
+            hs = torch.empty(triton.cdiv(inter, GROUP), rows, dtype=torch.float32, device=x.device).t()
+            gate_up_large(xq, xs, gate_up, gate_up_scale, hq, hs, g, tile)
+            return hq, hs
+        h = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+        gate_up_large(xq, xs, gate_up, gate_up_scale, h, None, g, tile)
+        return h
+    h = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     scale = gate_up_scale if fp8 else gate_up  # unused pointer when bf16
     _moe_gate_up_kernel[(triton.cdiv(inter, tile.block_n), g.max_blocks)](
         xq, xs, gate_up, scale, h, g.rows, g.block_expert, g.block_rows,
@@ -210,7 +226,7 @@ def moe_gate_up(
 
 
 def moe_down(
-    h: torch.Tensor,  # [max_blocks * BLOCK_M, I] from moe_gate_up
+    h: Hidden,  # from moe_gate_up
     down: torch.Tensor,  # [E, H, I]
     down_scale: torch.Tensor | None,  # [E, ceil(H/128), ceil(I/128)] fp32 for fp8
     weights: torch.Tensor,  # [T, k] routing weights
@@ -218,14 +234,19 @@ def moe_down(
     **override: int,  # MoeTile fields (benchmarks)
 ) -> torch.Tensor:
     """[T * k, H]: each grouped pair's weighted expert output in its own row (skipped pairs unwritten)."""
-    _, n, k = down.shape
+    e, n, k = down.shape
     fp8 = down_scale is not None
-    y = torch.empty(weights.numel(), n, dtype=h.dtype, device=h.device)
-    tile = _tile(DOWN_TILES, n, g, down.element_size(), 1, override)
-    hq, hs = _activations(h, fp8)
+    hq, hs = h if isinstance(h, tuple) else _activations(h, fp8)
+    dtype = torch.bfloat16 if isinstance(h, tuple) else h.dtype  # FP8 h only comes from bf16 activations
+    y = torch.empty(weights.numel(), n, dtype=dtype, device=hq.device)
+    tile = _tile(regime(weights.numel(), e).down, n, g, down.element_size(), 1, override)
+    weights = weights.contiguous()
+    if tile.large_m:
+        down_large(hq, hs, down, down_scale, y, weights, g, tile)
+        return y
     scale = down_scale if fp8 else down
     _moe_down_kernel[(triton.cdiv(n, tile.block_n), g.max_blocks)](
-        hq, hs, down, scale, y, weights.contiguous(), g.rows, g.block_expert, g.block_rows,
+        hq, hs, down, scale, y, weights, g.rows, g.block_expert, g.block_rows,
         n, k,
         hq.stride(0), hs.stride(0), hs.stride(1), down.stride(0), down.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts
-from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up
+from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, regime
 from minisgl.layers.fp8 import FP8_DTYPE
 
 
@@ -26,7 +26,7 @@ class TritonExperts:
         weights: torch.Tensor,  # [T, k]
         gate_up_scale: torch.Tensor | None = None,  # [E_local, 2 * ceil(I/128), ceil(H/128)] fp32 (FP8 only)
         down_scale: torch.Tensor | None = None,  # [E_local, ceil(H/128), ceil(I/128)] fp32 (FP8 only)
-        grouping: ExpertGrouping | None = None,  # precomputed align_experts(local_ids, E_local)
+        grouping: ExpertGrouping | None = None,  # precomputed align_experts(local_ids, E_local, block_m)
     ) -> torch.Tensor:
         fp8 = gate_up_proj.dtype == FP8_DTYPE
         if fp8 != (gate_up_scale is not None) or fp8 != (down_scale is not None):
@@ -34,7 +34,7 @@ class TritonExperts:
         if x.shape[0] == 0:
             return torch.empty_like(x)
         num_experts = gate_up_proj.shape[0]
-        g = grouping or align_experts(local_ids, num_experts)
+        g = grouping or align_experts(local_ids, num_experts, regime(local_ids.numel(), num_experts).block_m)
         h = moe_gate_up(x, gate_up_proj, gate_up_scale, g)
         y = moe_down(h, down_proj, down_scale, weights, g)
         return moe_combine(y, local_ids, num_experts, x.dtype)

@@ -1,0 +1,176 @@
+"""Grouped expert GEMMs for prefill: the same contract as kernels/moe_gemm.py's decode kernels, with
+the tokens on the MMA's wide side.
+
+At prefill an expert sees hundreds of rows, so a program owns a [BLOCK_M rows, BLOCK_N weight rows]
+output tile (acc [BLOCK_M, BLOCK_N], two warpgroups at 128 rows) instead of decode's [BLOCK_N,
+BLOCK_M]. BLOCK_K is the 128-group, so each K step's FP8 product takes one scale per row of either
+operand (one scalar for the weights when BLOCK_N divides 128). The programs walk groups of GROUP_M
+row blocks per weight tile, so the blocks of one expert run side by side and read its weight tiles
+from L2; unused blocks (past the grouping's last) exit at once.
+
+gate_up with BLOCK_N = 128 and FP8 weights quantises h in its epilogue (each program holds whole
+128-groups of its rows): down then reads FP8 codes and scales, and the separate quantiser pass over
+h (read bf16, write FP8) is gone. The rule is kernels/fp8_quant.py's on the bf16-rounded h, so the
+codes are those the separate pass would write.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minisgl.kernels.fp8_format import FP8_MAX
+from minisgl.kernels.fp8_gemm import load_k_tile, load_scale, scaled_dot
+from minisgl.kernels.fp8_quant import GROUP, quantize_tile
+from minisgl.kernels.moe_align import ExpertGrouping
+from minisgl.kernels.moe_blocks import MoeTile, block_rows, expert_tiles
+
+
+@triton.jit
+def _grouped_program(num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
+    """(row block, weight tile) of this program: GROUP_M consecutive row blocks per weight tile."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * num_n_tiles
+    first = (pid // per_group) * GROUP_M
+    blocks_here = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % blocks_here, (pid % per_group) // blocks_here
+
+
+@triton.jit
+def _tokens_dot(x, w, x_scale, ws_ptrs, ws_first, n_ok, kb, FP8: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One K step's [BLOCK_M, BLOCK_N] product of token rows x and weight rows w, rescaled."""
+    if FP8 and BLOCK_K % BLOCK_N == 0:  # the tile's weight rows share one block scale
+        return tl.dot(x, tl.trans(w)) * (x_scale * tl.load(ws_first + kb))[:, None]
+    return scaled_dot(x, w, x_scale, load_scale(ws_ptrs + kb, n_ok, FP8), FP8)
+
+
+@triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
+def _moe_gate_up_large_kernel(
+    x_ptr, xs_ptr, w_ptr, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    num_blocks, top_k, inter, K,
+    stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+    stride_hsm, stride_hsk,
+    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    if expert < 0:
+        return
+    g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
+        w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
+    )
+    u_ptrs = g_ptrs + inter * stride_wn
+    us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
+    us_first = gs_first + UP_SCALE_ROW * stride_sn
+    token = (pair // top_k).to(tl.int64)
+    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    xs_ptrs = xs_ptr + token * stride_xsm
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        k_left = K - kb * BLOCK_K
+        x = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K)
+        xs = load_scale(xs_ptrs + kb * stride_xsk, real, FP8)
+        g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
+        u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
+        acc_g += _tokens_dot(x, g, xs, gs_ptrs, gs_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
+        acc_u += _tokens_dot(x, u, xs, us_ptrs, us_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    h = acc_g * tl.sigmoid(acc_g) * acc_u
+    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + rn[None, :]
+    ok = real[:, None] & n_ok[None, :]
+    if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
+        # h is rounded to the bf16 activations first, as the separate pass would read it.
+        q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), FP8_MAX)
+        tl.store(h_ptrs, q.to(h_ptr.dtype.element_ty), mask=ok)
+        tl.store(hs_ptr + pos.to(tl.int64) * stride_hsm + pid_n * stride_hsk, scale, mask=real)
+    else:
+        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["num_blocks", "stride_hsk"])
+def _moe_down_large_kernel(
+    h_ptr, hs_ptr, w_ptr, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    num_blocks, N, K,
+    stride_hm, stride_hsm, stride_hsk, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+    FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    if expert < 0:
+        return
+    w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(
+        w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, N, BLOCK_N, BLOCK_K
+    )
+    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
+    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        k_left = K - kb * BLOCK_K
+        h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
+        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
+        w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
+        acc += _tokens_dot(h, w, hs, s_ptrs, s_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
+    y_ptrs = y_ptr + pair[:, None].to(tl.int64) * stride_ym + rn[None, :]
+    tl.store(y_ptrs, (acc * p[:, None]).to(y_ptr.dtype.element_ty), mask=real[:, None] & n_ok[None, :])
+
+
+def fuses_quantisation(tile: MoeTile, fp8: bool, dtype: torch.dtype) -> bool:
+    """Whether gate_up at this tile writes h as FP8 codes and group scales (see the module docstring):
+    FP8 weights, bf16 activations, one 128-group per program."""
+    return fp8 and dtype == torch.bfloat16 and tile.large_m and tile.block_n == GROUP
+
+
+def _programs(g: ExpertGrouping, n: int, tile: MoeTile) -> tuple[int]:
+    return (g.max_blocks * triton.cdiv(n, tile.block_n),)
+
+
+def gate_up_large(
+    xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, h: torch.Tensor,
+    hs: torch.Tensor | None, g: ExpertGrouping, tile: MoeTile,
+) -> None:
+    """Launch: h [rows, I], FP8 codes with their scales hs [rows, groups] (token-major, as
+    quantize_activations lays them out) when fuses_quantisation, else in the activations' dtype."""
+    _, two_i, k = w.shape
+    inter = two_i // 2
+    fp8 = s is not None
+    scale = s if fp8 else w  # unused pointers when bf16
+    h_scale = hs if hs is not None else h
+    _moe_gate_up_large_kernel[_programs(g, inter, tile)](
+        xq, xs, w, scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
+        g.max_blocks, g.top_k, inter, k,
+        xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
+        scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
+        hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
+        UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None,
+        BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+
+
+def down_large(
+    hq: torch.Tensor, hs: torch.Tensor, w: torch.Tensor, s: torch.Tensor | None, y: torch.Tensor,
+    weights: torch.Tensor, g: ExpertGrouping, tile: MoeTile,
+) -> None:
+    """Launch: y [T * k, H], each grouped pair's weighted expert output in its own row."""
+    _, n, k = w.shape
+    fp8 = s is not None
+    scale = s if fp8 else w
+    _moe_down_large_kernel[_programs(g, n, tile)](
+        hq, hs, w, scale, y, weights, g.rows, g.block_expert, g.block_rows,
+        g.max_blocks, n, k,
+        hq.stride(0), hs.stride(0), hs.stride(1), w.stride(0), w.stride(1),
+        scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
+        FP8=fp8, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
+        GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )

@@ -1,0 +1,143 @@
+"""The Triton MoE's GEMM kernels, both orientations (decode's, and prefill's large-M with and without
+h quantised in gate_up's epilogue), stage by stage against torch at small ragged shapes, with
+padding ids, another worker's ids, a token with no pair and an expert with no rows. On a GPU, or on
+the CPU through Triton's interpreter:
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_moe_interpret.py
+
+(without triton, or on the CPU without TRITON_INTERPRET=1, the module is skipped with its reason).
+
+Each stage is checked on the operands the kernels actually read (the quantiser's codes and scales),
+so the check does not depend on how FP8 casts round: triton 3.6's interpreter rounds fp32 -> fp8
+casts wrongly (-31.1 became -16) and multiplies bf16 tiles wrongly, so there the non-FP8 case runs
+fp32 tensors and end-to-end FP8 accuracy is left to tests/gpu/test_moe_triton.py. Tolerance 1e-2 of
+max |ref|: the same products in fp32, rounded once to the output's dtype (bf16: 2^-9 relative).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+GPU = torch.cuda.is_available()
+if not GPU and os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("no GPU: set TRITON_INTERPRET=1 to run the Triton kernels on the CPU", allow_module_level=True)
+
+from minisgl.kernels.fp8_quant import GROUP, quantize_activations  # noqa: E402
+from minisgl.kernels.moe_align import ExpertGrouping, align_experts  # noqa: E402
+from minisgl.kernels.moe_gemm import Hidden, moe_combine, moe_down, moe_gate_up  # noqa: E402
+from minisgl.layers.fp8 import FP8_DTYPE, cdiv, dequantize_block_fp8, dequantize_gate_up  # noqa: E402
+
+DEVICE = "cuda" if GPU else "cpu"
+PLAIN = torch.bfloat16 if GPU else torch.float32  # the interpreter's bf16 products are wrong (see above)
+TOL = 1e-2
+T, E, K_TOP, H, I = 40, 6, 3, 320, 192  # K = 320 and I = 192 leave partial 128-steps and tiles
+# (rows per block, gate_up override, down override): decode's kernels, then prefill's large-M ones
+# with h in the activations' dtype (block_n 64), quantised in gate_up's epilogue (128), down 256 wide.
+PATHS = [
+    (16, {}, {}),
+    (16, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=64, num_warps=4)),
+    (32, dict(large_m=True, block_n=128, num_warps=4), dict(large_m=True, block_n=128, num_warps=4)),
+    (64, dict(large_m=True, block_n=128, num_warps=8, group_m=2), dict(large_m=True, block_n=256, num_warps=8)),
+]
+
+
+def _weights(fp8: bool) -> tuple[torch.Tensor, ...]:
+    def one(*shape: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not fp8:
+            return (torch.randn(shape, device=DEVICE) / shape[-1] ** 0.5).to(PLAIN), None
+        blocks = (shape[0], cdiv(shape[1], GROUP), cdiv(shape[2], GROUP))
+        scale = torch.rand(blocks, device=DEVICE).add(0.5) / shape[-1] ** 0.5
+        return torch.randn(shape, device=DEVICE).to(FP8_DTYPE), scale
+
+    gate, gs = one(E, I, H)
+    up, us = one(E, I, H)
+    down, ds = one(E, H, I)
+    return torch.cat([gate, up], 1), None if gs is None else torch.cat([gs, us], 1), down, ds
+
+
+def _routing() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.rand(T, E - 1, device=DEVICE).topk(K_TOP, dim=-1).indices  # expert E - 1 gets no rows
+    ids[0, 0] = -1  # padding
+    ids[1, :] = -1  # a token with no pair here
+    ids[2, K_TOP - 1] = E  # another worker's expert
+    return ids, torch.rand(T, K_TOP, device=DEVICE).softmax(-1).to(PLAIN)
+
+
+def _real_rows(g: ExpertGrouping) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(positions in grouped order, their experts, their pair ids) of the grouping's real rows."""
+    pos, experts = [], []
+    for b, (owner, n) in enumerate(zip(g.block_expert.tolist(), g.block_rows.tolist())):
+        if owner >= 0:
+            pos += range(b * g.block_m, b * g.block_m + n)
+            experts += [owner] * n
+    pos_t = torch.tensor(pos, device=DEVICE)
+    return pos_t, torch.tensor(experts, device=DEVICE), g.rows[pos_t].long()
+
+
+def _operand(x: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """What a GEMM reads of activations x, in fp32: the quantiser's codes times their scales for FP8."""
+    if not fp8:
+        return x.float()
+    q, s = quantize_activations(x)
+    return q.float() * s.repeat_interleave(GROUP, 1)[:, : x.shape[1]]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    assert not x.isnan().any()
+    return ((x.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "plain"])
+@pytest.mark.parametrize("block_m,gate_up_tile,down_tile", PATHS)
+def test_stages_match_torch(block_m: int, gate_up_tile: dict, down_tile: dict, fp8: bool) -> None:
+    torch.manual_seed(block_m + len(gate_up_tile) + fp8)
+    gate_up, gs, down, ds = _weights(fp8)
+    x = torch.randn(T, H, device=DEVICE).to(torch.bfloat16 if fp8 else PLAIN)
+    ids, weights = _routing()
+    g = align_experts(ids, E, block_m)
+    pos, experts, pairs = _real_rows(g)
+    w13 = torch.stack([dequantize_gate_up(gate_up[e], gs[e]) if fp8 else gate_up[e].float() for e in range(E)])
+    w2 = torch.stack([dequantize_block_fp8(down[e], ds[e]) if fp8 else down[e].float() for e in range(E)])
+
+    h: Hidden = moe_gate_up(x, gate_up, gs, g, **gate_up_tile)
+    fused = fp8 and gate_up_tile.get("block_n") == GROUP
+    assert isinstance(h, tuple) == fused, "h is quantised in the epilogue exactly when a program holds whole groups"
+    if not fused:  # (the fused codes: test_epilogue_codes_are_the_quantisers)
+        gate, up = torch.einsum("rh,rnh->rn", _operand(x, fp8)[pairs // K_TOP], w13[experts]).chunk(2, dim=-1)
+        assert _rel(h[pos], F.silu(gate) * up) <= TOL
+
+    y = moe_down(h, down, ds, weights, g, **down_tile)
+    h_read = h[0].float() * h[1].repeat_interleave(GROUP, 1)[:, :I] if fused else _operand(h, fp8)
+    y_ref = torch.einsum("ri,rni->rn", h_read[pos], w2[experts]) * weights.flatten()[pairs, None].float()
+    assert _rel(y[pairs], y_ref) <= TOL
+
+    out = moe_combine(y, ids, E, x.dtype)
+    valid = ((ids >= 0) & (ids < E)).flatten()
+    out_ref = torch.zeros(T, H, device=DEVICE).index_add_(0, pairs // K_TOP, y[pairs].float())
+    assert valid.sum() == len(pairs) and _rel(out, out_ref) <= TOL
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_epilogue_codes_are_the_quantisers() -> None:
+    """gate_up's in-epilogue quantisation writes exactly what quantize_activations writes for the
+    same h (the large-M kernel at 64 columns, whose h comes out in bf16)."""
+    torch.manual_seed(3)
+    gate_up, gs, _, _ = _weights(True)
+    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
+    ids, _ = _routing()
+    g = align_experts(ids, E, 32)
+    tile = dict(large_m=True, block_n=128, num_warps=4)
+    hq, hs = moe_gate_up(x, gate_up, gs, g, **tile)
+    h = moe_gate_up(x, gate_up, gs, g, **{**tile, "block_n": 64})
+    pos = _real_rows(g)[0]
+    q, s = quantize_activations(h[pos])
+    if GPU:  # the two tilings may sum a K step's products in another order: codes may differ by one step
+        assert _rel(hq[pos].float() * hs[pos].repeat_interleave(GROUP, 1)[:, :I],
+                    q.float() * s.repeat_interleave(GROUP, 1)[:, :I]) <= 0.05
+    else:
+        assert torch.equal(hs[pos], s)
+        assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
