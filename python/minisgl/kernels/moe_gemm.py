@@ -134,19 +134,19 @@ class MoeRegime:
 
 
 _DECODE = MoeTile(64, 4, 4)
+_PREFILL = MoeRegime(128, MoeTile(64, 8, 3), MoeTile(128, 8, 3))
 # By rows_bucket (mean pairs per local expert). 16-64 are decode's, measured (bench_moe.py --sweep;
 # block_n 64, or 32 when 64 leaves SMs idle): the tokens on the MMA's narrow side. From 128 on,
-# prefill's large-M kernels: 64-row blocks waste fewer padded rows than 128-row ones while an expert
-# sees a few hundred rows, and gate_up's 128 columns (of gate and of up each) quantise h in its
-# epilogue. Not yet measured on the device: bench_prefill.py --moe-only compares every candidate
-# (its "regime" rows say which one each bucket should take).
+# prefill: until the large-M kernels (kernels/moe_gemm_large.py) are measured on the device
+# (bench_prefill.py --moe-only compares every candidate; its "regime" rows say which one each
+# bucket should take), the tokens-narrow kernels with 128-row blocks and 8 warps, as before.
 REGIMES = {
     16: MoeRegime(16, _DECODE, _DECODE),
     32: MoeRegime(32, _DECODE, _DECODE),
     64: MoeRegime(64, _DECODE, _DECODE),
-    128: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
-    256: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
-    512: MoeRegime(64, MoeTile(128, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True)),
+    128: _PREFILL,
+    256: _PREFILL,
+    512: _PREFILL,
 }
 
 
