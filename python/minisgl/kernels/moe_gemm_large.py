@@ -25,6 +25,8 @@ from minisgl.kernels.fp8_quant import GROUP, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, expert_tiles
 
+_FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
+
 
 @triton.jit
 def _grouped_program(num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
@@ -86,7 +88,7 @@ def _moe_gate_up_large_kernel(
     ok = real[:, None] & n_ok[None, :]
     if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
         # h is rounded to the bf16 activations first, as the separate pass would read it.
-        q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), FP8_MAX)
+        q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), _FP8_MAX)
         tl.store(h_ptrs, q.to(h_ptr.dtype.element_ty), mask=ok)
         tl.store(hs_ptr + pos.to(tl.int64) * stride_hsm + pid_n * stride_hsk, scale, mask=real)
     else:
