@@ -113,7 +113,13 @@ PATHS = [
 @pytest.mark.parametrize("block_m,gate_up_tile,down_tile", PATHS)
 @pytest.mark.parametrize("t,e,k,h,i", [(2048, 256, 8, 3072, 1024), (900, 6, 3, 320, 384)])
 def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m: int, gate_up_tile: dict,
-                                 down_tile: dict, fp8: bool) -> None:
+                                 down_tile: dict, fp8: bool, request: pytest.FixtureRequest) -> None:
+    if fp8 and h == 320 and block_m == 64 and gate_up_tile["large_m"]:
+        # Measured on the H200 (docs/benchmarks.md, 2026-12-03): 2.41e-2 from the emulated reference,
+        # the same output bit for bit from both tile sets; why is open (issue 18), so these kernels
+        # stay out of moe_gemm.REGIMES. Still run: a fix turns this into an unexpected pass.
+        request.applymarker(pytest.mark.xfail(reason="large-M FP8 at a ragged K: 2.4e-2 against the 2e-2 bound",
+                                              strict=True))
     torch.manual_seed(t + block_m + len(gate_up_tile) + fp8)
     gate_up, gate_up_scale = _gate_up(e, h, i, fp8)
     down, down_scale = _random_weight(e, h, i, fp8=fp8)
