@@ -194,6 +194,7 @@ class Engine:
                                                                   self.device),
                                self.config.vocab_size)
 
+        torch.cuda.empty_cache()  # so the reserved memory before counts only what is held
         started, reserved = time.monotonic(), torch.cuda.memory_reserved(self.device)
         runner = PiecewiseGraphRunner(self.model, scratch, make, piecewise_buckets(top, chunk))
         del scratch
