@@ -45,9 +45,10 @@ def pool_state(pool: HybridPool, slots: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def run_both(engine: Engine, runner: PiecewiseGraphRunner) -> list[tuple[str, float]]:
-    """(step, relative error of the runner's logits against the eager ones) for every step, then
-    one entry per pool tensor the steps wrote."""
+def run_both(engine: Engine, runner: PiecewiseGraphRunner,
+             reference: PiecewiseGraphRunner | None = None) -> list[tuple[str, float]]:
+    """(step, relative error of the runner's logits against the reference's: eager steps, or
+    another runner's replays) for every step, then one entry per pool tensor the steps wrote."""
     pools = [HybridPool(engine.layout, engine.pool_cfg, engine.dtype, engine.device) for _ in range(2)]
     gen = torch.Generator().manual_seed(7)
     vocab = engine.config.vocab_size
@@ -72,7 +73,10 @@ def run_both(engine: Engine, runner: PiecewiseGraphRunner) -> list[tuple[str, fl
                 batch = ForwardBatch.build(rows + new, prefix + [0] * len(new), running + fresh, pool.page_table,
                                            pool.page_size, engine.device)
                 assert batch.num_tokens <= runner.buckets[-1]
-                logits.append(engine.model(batch, pool) if which == 0 else runner.replay(batch, pool))
+                if which == 1:
+                    logits.append(runner.replay(batch, pool))
+                else:
+                    logits.append(engine.model(batch, pool) if reference is None else reference.replay(batch, pool))
             errors.append((f"step {step} ({batch.num_tokens} tokens, bucket {runner.bucket(batch.num_tokens)})",
                            rel_err(logits[1], logits[0])))
             seqs = [s + r for s, r in zip(seqs, rows)] if decode else seqs

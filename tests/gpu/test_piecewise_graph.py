@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from minisgl import LLM
 from minisgl.engine.args import EngineArgs
@@ -18,10 +17,14 @@ from piecewise_scenario import make_runner, run_both
 
 pytestmark = pytest.mark.gpu
 FP32_TOL = 1e-5
-# bf16 activations and FP8 GEMMs: a padded step runs its GEMMs at another M, where cuBLAS and our
-# tiles may pick other algorithms, so rows round differently (bf16's unit roundoff 2^-8 ~ 4e-3 on
-# each op's output); a wrong replay (a stale or shifted row) is off by O(1).
-BF16_TOL = 2e-2
+# bf16 activations and FP8 GEMMs. Against eager steps, a padded step runs its GEMMs at another M,
+# where the FP8 linear takes another regime (split-K, tiled or cuBLAS) and sums in another order:
+# bf16 rounds each op's output (2^-8 ~ 4e-3), and the random 122B-width weights amplify it over the
+# layers (3.6e-2 measured on the K cache). Against the same steps replayed without capture (the
+# same kernels at the same shapes), only the graphs differ: a stale, shifted or skipped row is off
+# by O(1) either way.
+EAGER_TOL = 1e-1
+SAME_SHAPES_TOL = 1e-3
 
 
 def _check(errors: list[tuple[str, float]], tol: float) -> None:
@@ -53,6 +56,6 @@ def test_fp8_model_at_122b_width(tmp_path) -> None:
     engine = Engine(resolve_plan(EngineArgs(str(tmp_path), load_format="dummy", page_size=64, max_running_requests=8,
                                             context_length=1024, chunked_prefill_size=512,
                                             piecewise_cuda_graph_max_tokens=0)))
-    errors = run_both(engine, make_runner(engine, capture=True))
-    _check(errors, BF16_TOL)
-    torch.cuda.synchronize()
+    captured = make_runner(engine, capture=True)
+    _check(run_both(engine, captured, reference=make_runner(engine, capture=False)), SAME_SHAPES_TOL)
+    _check(run_both(engine, captured), EAGER_TOL)
