@@ -35,10 +35,10 @@ class EngineArgs:
                                            "a GPU lowered to what fits)")
     num_pages: int | None = arg(None, "KV pages to allocate (default: on the CPU every slot can reach the context "
                                       "length; on a GPU the memory planner's; setting it pins the pool)")
-    # 4096, measured on the served 122B (docs/benchmarks.md): a mixed step's host cost barely grows
-    # with its chunk, so 4x the chunk of 1024 gave 1.7x the 8K throughput and 1.2x the 1K output
-    # for +17% ITL P99.
-    chunked_prefill_size: int = arg(4096, "max prompt tokens of one request per step, and of all requests per step "
+    # 1024, measured on the served 122B (docs/benchmarks.md): with piecewise CUDA graphs a 1024-token
+    # chunk costs as much per token as a 4096-token one, and keeps ITL P99 within 1.3x the median at
+    # 8K/256 c=32 (4096: 7.8x), for 0.82x the total throughput and 5.5x the TTFT median there.
+    chunked_prefill_size: int = arg(1024, "max prompt tokens of one request per step, and of all requests per step "
                                           "while others decode (bounds the inter-token latency)")
     attention_backend: str = arg("auto", "full-attention kernels; auto: torch on the CPU, triton on CUDA",
                                  ("auto", *ATTENTION_BACKENDS.names()))
