@@ -1,6 +1,7 @@
 """Piecewise CUDA graphs' data flow on the CPU (engine/piecewise_graph.py with capture=False): the
 same static buffers, padding and core slicing as a graph replay, against eager steps, on the
-hybrid Qwen3.5 model and on Qwen3-MoE. tests/gpu/test_piecewise_graph.py replays captured graphs."""
+hybrid Qwen3.5 model and on Qwen3-MoE. tests/gpu/test_piecewise_graph_capture.py replays
+captured graphs."""
 from __future__ import annotations
 
 import pytest
