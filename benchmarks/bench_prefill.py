@@ -44,7 +44,8 @@ from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
 from minisgl.kernels.fp8_linear import REGIMES, fp8_linear, regime
 from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.kernels.moe_align import align_experts
-from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, regime, rows_bucket
+from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, rows_bucket
+from minisgl.kernels.moe_gemm import regime as moe_regime
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, quantize_block_fp8
 
 DEV = "cuda"
@@ -207,7 +208,7 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
             groupings = {}
             first_out = None
             for name, (bm, gu_cfg, dn_cfg) in MOE_CANDIDATES.items():
-                bm = bm or regime(pairs, E).block_m
+                bm = bm or moe_regime(pairs, E).block_m
                 if bm not in groupings:
                     groupings[bm] = align_experts(ids, E, bm)
                     rows.append({**base, "candidate": f"align, {bm} rows per block", "block_m": bm,
