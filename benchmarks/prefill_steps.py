@@ -1,0 +1,216 @@
+"""bench_prefill.py's engine steps at Qwen3.5-122B-A10B FP8 shapes (dummy weights): whole prefill
+steps and mixed steps (a chunk beside decode rows), each from the piecewise CUDA graphs and eagerly,
+with the host's share, against the FLOP roofline; decode steps from the same engine's graphs; and
+where an eager step's host time goes (sync debug mode, cProfile)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import traceback
+
+import torch
+
+from minisgl.engine.plan import resolve_plan
+from minisgl.layers.fp8 import cdiv
+
+MODEL = "Qwen3.5-122B-A10B"
+
+
+def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
+    """GEMM FLOPs of one prefill of requests of `lens` tokens: every projection, router and shared
+    expert per token, top-k routed experts per token, the lm_head per request, causal attention."""
+    from minisgl.layers.fp8_linear import Fp8Linear
+    from minisgl.layers.linear import Linear
+    from minisgl.models.attention_mixer import Attention
+    from minisgl.moe.local_moe import LocalMoE
+
+    tokens = sum(lens)
+    per_token = 0
+    flops = 0.0
+    for name, mod in engine.model.named_modules():
+        if isinstance(mod, (Linear, Fp8Linear)):
+            out_f, in_f = mod.weight.shape
+            if name.endswith("lm_head"):
+                flops += 2 * in_f * out_f * len(lens)
+            else:
+                per_token += 2 * in_f * out_f
+        elif isinstance(mod, LocalMoE):
+            _, two_i, hidden = mod.experts.gate_up_proj.shape
+            per_token += mod.top_k * 2 * (two_i * hidden + hidden * two_i // 2)
+        elif isinstance(mod, Attention):
+            flops += sum(2 * mod.num_heads * mod.head_dim * n * (n + 1) for n in lens)  # QK^T and PV, causal
+    if engine.model.lm_head is None:  # tied embedding as the head
+        flops += 2 * engine.config.hidden_size * engine.config.vocab_size * len(lens)
+    return flops + per_token * tokens
+
+
+def mixed_rows(engine, mixed: list[tuple[int, int]]) -> tuple[list[dict[str, object]], str]:  # noqa: ANN001
+    """Steps as the server runs them while requests decode: D decode rows at 1K context, then one
+    prefill chunk of C tokens (the scheduler's order: the decodes take the decode kernels), from the
+    piecewise CUDA graphs and eagerly, against the D-row decode graph alone. `host ms` is the time
+    to enqueue the step without waiting: near `step ms`, the host's launches bound the step."""
+    from bench_decode import decode_batch, time_steps
+
+    rows, prof = [], ""
+    for chunk, d in mixed:
+        decode, slots = decode_batch(engine, d, 1024)
+        graph_ms = time_steps(engine, decode)
+        slot = engine.pool.allocate(chunk)
+        engine.pool.ensure_tokens(slot, chunk)
+        prompt = torch.randint(0, engine.config.vocab_size, (chunk,)).tolist()
+        decode_rows = [[t] for t in decode.input_ids.tolist()]
+        batch = engine.make_batch(decode_rows + [prompt], [1024] * d + [0], slots + [slot])
+        for mode, ms, host in step_modes(engine, batch):
+            rows.append({"step": f"{chunk} prefill + {d} decode, {mode}", "step ms": ms, "host ms": host,
+                         "decode-only graph ms": graph_ms,
+                         "prefill tok/s (step - graph)": chunk / max(ms - graph_ms, 1e-3) * 1e3})
+            print(rows[-1])
+        if not prof:
+            print(host_profile(engine, batch))
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                engine.forward_batch(batch)
+                torch.cuda.synchronize()
+            prof = (f"one {chunk} + {d} mixed step as served\n"
+                    + p.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+        for s in [slot] + slots:
+            engine.pool.free(s)
+    return rows, prof
+
+
+def step_modes(engine, batch, steps: int = 5) -> list[tuple[str, float, float]]:  # noqa: ANN001
+    """(mode, median step ms, fastest host ms to enqueue it) as served (the piecewise CUDA graphs,
+    when the step fits them) and eagerly."""
+    import time
+
+    from bench_decode import time_steps
+
+    graphs = engine.prefill_graphs
+    modes = [("eager", None)]
+    if graphs is not None and graphs.can_run(batch):
+        modes.insert(0, (f"piecewise graphs (bucket {graphs.bucket(batch.num_tokens)})", graphs))
+    out = []
+    for mode, runner in modes:
+        engine.prefill_graphs = runner
+        try:
+            ms = time_steps(engine, batch, steps=steps)
+            torch.cuda.synchronize()
+            host = []
+            for _ in range(3):
+                started = time.perf_counter()
+                engine.forward_batch(batch)
+                host.append((time.perf_counter() - started) * 1e3)
+                torch.cuda.synchronize()
+        finally:
+            engine.prefill_graphs = graphs
+        out.append((mode, ms, min(host)))
+    return out
+
+
+def host_profile(engine, batch) -> str:  # noqa: ANN001
+    """Where the host's time goes in one eager step: every call that synchronises with the device
+    (torch's sync debug mode, with the caller's frames) and cProfile's top functions by own time
+    and by cumulative time. A sync makes the host wait for the device, so host and kernel times
+    add up instead of overlapping."""
+    import cProfile
+    import io
+    import pstats
+    import warnings
+
+    syncs: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        frames = [f for f in traceback.extract_stack()[:-2] if "minisgl" in f.filename or "fla" in f.filename]
+        syncs.append(f"{message}: " + " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[::-1][:4]))
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.forward_batch(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.forward_batch(batch)
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    return f"{len(syncs)} host syncs in one step:\n" + "\n".join(syncs[:40]) + "\n" + text.getvalue()
+
+
+def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
+               copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
+               ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+    """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
+    and rooflined as bench_decode.py does, to show the small-M paths did not regress, then the mixed
+    steps of mixed_rows."""
+    from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
+    from minisgl.engine.args import EngineArgs
+    from minisgl.engine.engine import Engine
+    from minisgl.models.known_configs import config_dir
+
+    path = config_dir(MODEL, fp8=True, root=tempfile.mkdtemp())
+    if layers != 48:
+        cfg_file = os.path.join(path, "config.json")
+        raw = json.load(open(cfg_file))
+        raw["text_config"]["num_hidden_layers"] = layers
+        raw["text_config"].pop("layer_types", None)
+        json.dump(raw, open(cfg_file, "w"))
+    slots_needed = max([b for b, _ in steps] + decode_batches + [d + 1 for _, d in mixed])
+    longest = max([n for _, n in steps] + [c for c, _ in mixed])
+    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches]
+                + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
+    # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
+    engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
+                               max_running_requests=slots_needed, num_pages=pages,
+                               cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
+                               disable_cuda_graph=not (decode_batches or mixed),
+                               piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
+                    warm_up=False)
+    print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
+    rows, prof = [], ""
+    for b, n in steps:
+        slots = [engine.pool.allocate(n) for _ in range(b)]
+        for s in slots:
+            engine.pool.ensure_tokens(s, n)
+        seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
+        batch = engine.make_batch(seqs, [0] * b, slots)
+        flops = model_flops(engine, [n] * b)
+        roof_ms = flops / (ceiling * 1e9)
+        for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
+            rows.append({"layers": layers, "step": f"{b} x {n}, {mode}", "tokens": b * n, "step ms": ms,
+                         "host ms": host, "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
+                         "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
+            print(rows[-1])
+        if (b, n) == steps[0]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                engine.forward_batch(batch)
+                torch.cuda.synchronize()
+            prof = f"one {b} x {n} step\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        for s in slots:
+            engine.pool.free(s)
+    decode = []
+    for b in decode_batches:
+        context = 1024
+        batch, slots = decode_batch(engine, b, context)
+        for s in slots:
+            engine.pool.state.ssm[:, s].normal_(std=0.1)  # a live recurrent state, as bench_decode.py's
+        touched = touched_experts(engine, batch)
+        ms = time_steps(engine, batch)
+        nbytes = sum(step_bytes(engine, touched, b, context).values())
+        decode.append({"layers": layers, "context": context, "B": b, "step ms": ms, "tokens/s": b / ms * 1e3,
+                       "roofline ms": nbytes / (copy * 1e9), "vs roofline": nbytes / (copy * 1e9) / ms})
+        print(decode[-1])
+        if b == decode_batches[0]:
+            prof += f"\none decode step, B={b} at 1K: " + profile_step(engine, batch) + "\n"
+        for s in slots:
+            engine.pool.free(s)
+    mixed_table, mixed_prof = mixed_rows(engine, mixed)
+    return rows + mixed_table, decode, prof + "\n" + mixed_prof
