@@ -105,7 +105,9 @@ class Piece:
 
 class _Capture:
     """The core runner while a bucket is captured: ends the running graph at each core (after the
-    copies into the static inputs), runs the core eagerly, and begins the next graph."""
+    copies into the static inputs), runs the core eagerly, and begins the next graph. With
+    capture=False it only records the cores (and makes the static buffers, outside any graph's
+    pool): the eager run before a capture, and the whole of an uncaptured runner's preparation."""
 
     def __init__(self, buffers: CoreBuffers, rows: int, mempool: tuple[int, int] | None, capture: bool) -> None:
         self.buffers, self.rows, self.mempool, self.capture = buffers, rows, mempool, capture
