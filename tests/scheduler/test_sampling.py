@@ -18,7 +18,7 @@ from transformers import GenerationConfig
 
 from minisgl import LLM, SamplingParams
 from minisgl.afd.args import AfdArgs
-from minisgl.engine.sampler import Sampler
+from minisgl.engine.sampler import FILTER_ROWS, Sampler
 from minisgl.models.tiny.make import make_tiny_model
 from sampling_reference import (
     CASES, EOS, LOOP_CASES, NEUTRAL, OUTPUT, PROMPT, VOCAB, check_greedy_loop, check_loop_outcomes, distribution,
@@ -56,6 +56,29 @@ def test_mixed_batch_matches_reference() -> None:
     got = sampler.distribution(logits, list(range(len(CASES)))).numpy()
     for i, p in enumerate(CASES.values()):
         assert tv(got[i], distribution(logits[i].numpy(), p, PROMPT, OUTPUT, EOS)) < 1e-5
+
+
+def test_batches_past_the_row_group_match_reference_and_single_rows() -> None:
+    """More rows than one filter group (with greedy rows between): every row keeps its own
+    distribution, and a seeded row draws what it would draw alone."""
+    cases = list(CASES.values()) + [SamplingParams(temperature=0, repetition_penalty=1.4)]
+    params = [cases[i % len(cases)] for i in range(2 * FILTER_ROWS + 5)]
+    logits = torch.cat([_logits(i) for i in range(len(params))])
+    sampler = sampler_with_history(VOCAB, torch.device("cpu"), params, PROMPT, OUTPUT, EOS)
+    got = sampler.distribution(logits, list(range(len(params)))).numpy()
+    for i, p in enumerate(params):
+        assert tv(got[i], distribution(logits[i].numpy(), p, PROMPT, OUTPUT, EOS)) < 1e-5, i
+    batch = Sampler(VOCAB, torch.device("cpu"), EOS)
+    for key, p in enumerate(params):
+        batch.add(key, p, torch.Generator().manual_seed(100 + key))
+    drawn = batch.sample(logits, list(range(len(params)))).tolist()
+    alone = []
+    for key, p in enumerate(params):
+        one = Sampler(VOCAB, torch.device("cpu"), EOS)
+        one.add(0, p, torch.Generator().manual_seed(100 + key))
+        alone.append(int(one.sample(logits[key : key + 1], [0])))
+    assert drawn == alone
+    assert len(set(drawn)) > 3, "the rows must draw different tokens for the comparison to mean anything"
 
 
 @pytest.mark.parametrize("name", list(CASES))

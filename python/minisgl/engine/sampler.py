@@ -24,6 +24,10 @@ from minisgl.host_copy import to_device
 from minisgl.sampling_params import SamplingParams
 
 _I64, _F32 = torch.int64, torch.float32
+# Penalised and sampled rows are adjusted, filtered and drawn this many at a time: each holds ~8
+# vocabulary-wide fp32 temporaries (the sort, its indices, softmax, cumsum, noise), ~8 MiB a row at
+# a 248K vocabulary, so a whole batch at once would make every running request cost that much.
+FILTER_ROWS = 32
 
 
 def top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -103,20 +107,8 @@ class Sampler:
         adjusted = self._adjust(logits, keys, live)
         out = adjusted.argmax(-1)
         hot = [i for i, r in enumerate(live) if not r.params.greedy]
-        if hot:
-            hot_idx = to_device(hot, _I64, self.device)
-            probs = self._filtered(adjusted[hot_idx], [live[i].params for i in hot]).softmax(-1)
-            by_generator: dict[int, list[int]] = {}
-            for j, i in enumerate(hot):
-                by_generator.setdefault(id(live[i].generator), []).append(j)
-            # An exponential race, argmax(p / E) with E ~ Exp(1), draws token i with probability p_i;
-            # unlike torch.multinomial it has no validity checks that wait for the device.
-            race = torch.empty_like(probs)
-            for js in by_generator.values():
-                rows = to_device(js, _I64, self.device)
-                noise = torch.empty(len(js), probs.shape[1], device=self.device)
-                race[rows] = noise.exponential_(generator=live[hot[js[0]]].generator)
-            out[hot_idx] = (probs / race).argmax(-1)
+        for start in range(0, len(hot), FILTER_ROWS):
+            self._draw(adjusted, out, hot[start : start + FILTER_ROWS], live)
         penalised = [i for i, k in enumerate(keys) if k in self.history]
         if penalised:
             rows = self.history.rows([keys[i] for i in penalised])
@@ -124,6 +116,22 @@ class Sampler:
         for r in live:
             r.num_sampled += 1
         return out
+
+    def _draw(self, adjusted: torch.Tensor, out: torch.Tensor, hot: list[int], live: list[_Live]) -> None:
+        """Sample rows `hot` of `adjusted` into `out`."""
+        hot_idx = to_device(hot, _I64, self.device)
+        probs = self._filtered(adjusted[hot_idx], [live[i].params for i in hot]).softmax(-1)
+        by_generator: dict[int, list[int]] = {}
+        for j, i in enumerate(hot):
+            by_generator.setdefault(id(live[i].generator), []).append(j)
+        # An exponential race, argmax(p / E) with E ~ Exp(1), draws token i with probability p_i;
+        # unlike torch.multinomial it has no validity checks that wait for the device.
+        race = torch.empty_like(probs)
+        for js in by_generator.values():
+            rows = to_device(js, _I64, self.device)
+            noise = torch.empty(len(js), probs.shape[1], device=self.device)
+            race[rows] = noise.exponential_(generator=live[hot[js[0]]].generator)
+        out[hot_idx] = (probs / race).argmax(-1)
 
     def distribution(self, logits: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
         """[B, V] probabilities the next sample() draws each row from (one-hot for greedy rows),
@@ -163,10 +171,11 @@ class Sampler:
         if masked[0]:
             index = (to_device(masked[0], _I64, dev), to_device(masked[1], _I64, dev))
             x.index_put_(index, torch.full((len(masked[0]),), float("-inf"), device=dev))  # filled, not copied
-        if penalised:
-            idx = to_device(penalised, _I64, dev)
-            rows = self.history.rows([keys[i] for i in penalised])
-            ps = [live[i].params for i in penalised]
+        for start in range(0, len(penalised), FILTER_ROWS):
+            group = penalised[start : start + FILTER_ROWS]
+            idx = to_device(group, _I64, dev)
+            rows = self.history.rows([keys[i] for i in group])
+            ps = [live[i].params for i in group]
             x[idx] = apply_penalties(
                 x[idx], self.history.output_counts[rows], self.history.in_prompt[rows],
                 to_device([p.repetition_penalty for p in ps], _F32, dev),
