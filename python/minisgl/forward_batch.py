@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.host_copy import to_device
+from minisgl.prefill_groups import prefill_groups
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class ForwardBatch:
     # slices: a slice at an odd offset would be a new pointer alignment, a new Triton variant).
     leading_decodes: int = 0
     prefill_part: "ForwardBatch | None" = None
+    # A prefill-only batch above GROUP_TOKENS: its requests as consecutive batches of their own,
+    # for the GDN chunked rule (prefill_groups.py); () when the batch is one group.
+    groups: tuple["ForwardBatch", ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -78,6 +82,9 @@ class ForwardBatch:
             decodes = 0
         rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
                                   device) if decodes else None
+        spans = prefill_groups(extend) if not decodes and any(n != 1 for n in extend) else []
+        groups = tuple(ForwardBatch.build(tokens[i:j], prefix_lens[i:j], slots[i:j], page_table, page_size, device)
+                       for i, j in spans) if len(spans) > 1 else ()
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -95,4 +102,5 @@ class ForwardBatch:
             slot_ids=tuple(slots),
             leading_decodes=decodes,
             prefill_part=rest,
+            groups=groups,
         )

@@ -53,11 +53,23 @@ def test_refuses_when_not_even_one_request_fits_and_says_what_would() -> None:
         plan_pool(COSTS, 140 * MIB, 262144, 8192, None)
 
 
-def test_auto_slots_fit_requests_of_the_sizing_length() -> None:
+def test_auto_slots_take_the_state_share_of_the_pool() -> None:
     plan = plan_pool(COSTS, 4000 * MIB, 262144, 32768, None)
-    assert plan.max_running_requests == 4000 // 238  # 238 MiB per 8192-token request
-    assert plan.num_pages == 4000 - 16 * 110  # the rest, below 16 full-context requests' 8192 pages
-    assert plan.max_concurrency(8192, 64) == 16 and plan.max_concurrency(32768, 64) == 4
+    assert plan.max_running_requests == int(4000 * 0.9 / 1.9) // 100 == 18  # SGLang's ratio 0.9: 47% for state
+    assert plan.num_pages == 4000 - 18 * 110  # the rest (less the slots' decode rows), below 18 * 512 pages
+    assert plan.max_concurrency(8192, 64) == (4000 - 18 * 110) // 128 and plan.max_concurrency(32768, 64) == 3
+    assert any("47% of the pool for state" in n for n in plan.notes)
+    fewer = plan_pool(COSTS, 4000 * MIB, 262144, 32768, None, state_ratio=0.5)
+    more = plan_pool(COSTS, 4000 * MIB, 262144, 32768, None, state_ratio=2.0)
+    assert (fewer.max_running_requests, more.max_running_requests) == (4000 // 3 // 100, 4000 * 2 // 3 // 100)
+    assert fewer.num_pages > plan.num_pages > more.num_pages
+
+
+def test_auto_slots_without_state_fit_requests_of_the_sizing_length() -> None:
+    no_state = PoolCosts(slot_bytes=0, row_bytes=10 * MIB, page_bytes=MIB, page_size=64)
+    plan = plan_pool(no_state, 4000 * MIB, 262144, 32768, None)
+    assert plan.max_running_requests == 4000 // 138  # 10 MiB of decode rows + 128 pages per 8192 tokens
+    assert any("requests of 8192 tokens" in n for n in plan.notes)
 
 
 def test_auto_slots_are_capped() -> None:
@@ -67,7 +79,7 @@ def test_auto_slots_are_capped() -> None:
 
 def test_without_a_context_the_model_limit_is_lowered_to_what_the_pages_hold() -> None:
     plan = plan_pool(COSTS, 4000 * MIB, 262144, None, None)
-    assert plan.max_running_requests == 16
+    assert plan.max_running_requests == 18
     assert plan.max_seq_len == plan.num_pages * 64 < 262144
     assert any("no --context-length" in n for n in plan.notes)
     roomy = plan_pool(COSTS, 10**6 * MIB, 4096, None, 4)
@@ -89,6 +101,12 @@ def test_gpu_memory_utilization_is_an_alias() -> None:
     add_engine_args(parser)
     assert engine_args_from(parser.parse_args(["--gpu-memory-utilization", "0.8"])).mem_fraction_static == 0.8
     assert engine_args_from(parser.parse_args(["--mem-fraction-static", "0.7"])).mem_fraction_static == 0.7
+
+
+@pytest.mark.parametrize("ratio", [0.0, -1.0, float("nan")])
+def test_state_ratio_must_be_positive(ratio: float) -> None:
+    with pytest.raises(ValueError, match="mamba_full_memory_ratio must be > 0"):
+        EngineArgs(mamba_full_memory_ratio=ratio)
 
 
 @pytest.mark.parametrize("fraction", [0.0, -0.1, 1.01])

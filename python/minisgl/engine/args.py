@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from minisgl.arg_field import arg
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.gdn.registry import GDN_BACKENDS
+from minisgl.kvcache.planner import DEFAULT_STATE_RATIO
 from minisgl.moe.registry import MOE_BACKENDS
 from minisgl.parallel.config import check_sizes
 
@@ -59,6 +60,10 @@ class EngineArgs:
     mem_fraction_static: float | None = arg(
         None, f"GPU: share of the memory left after the weights and the measured activation peak that the pool "
               f"(state slots, KV pages) takes (default {DEFAULT_MEM_FRACTION})", aliases=("--gpu-memory-utilization",))
+    mamba_full_memory_ratio: float = arg(
+        DEFAULT_STATE_RATIO, "GPU, without --max-running-requests: GDN state memory to KV memory in the pool, as "
+                             "SGLang's flag (0.9: 47 percent of it for state slots; lower it for longer requests, raise "
+                             "it for more concurrent short ones)")
     tp_size: int = arg(1, "tensor-parallel ranks: the model sharded over this many GPUs of the node, one process each")
     ep_size: int = arg(1, "expert-parallel groups over the TP ranks (divides --tp-size): each group owns "
                           "num_experts / ep_size experts, each expert split over tp_size / ep_size ranks")
@@ -71,6 +76,8 @@ class EngineArgs:
         check_sizes(self.tp_size, self.ep_size)
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
+        if not self.mamba_full_memory_ratio > 0:
+            raise ValueError(f"mamba_full_memory_ratio must be > 0, got {self.mamba_full_memory_ratio}")
         if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 0:
             raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 0, got {self.piecewise_cuda_graph_max_tokens}")
         if self.chunked_prefill_size < 1:

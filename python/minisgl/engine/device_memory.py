@@ -54,11 +54,21 @@ def _peak(run: Callable[[], None]) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def _runner(plan: EnginePlan, make_batch: MakeBatch, forward: Callable[[ForwardBatch], torch.Tensor]) -> Run:
+def _per_row(run: Run, rows: int, table_len: int) -> int:
+    """Activation bytes each decode row adds to a step `run` makes, from steps of 1 and `rows` rows."""
+    one = _peak(lambda: run(decode_shapes([1], table_len)))
+    return max(0, _peak(lambda: run(decode_shapes([rows], table_len))) - one) // max(1, rows - 1)
+
+
+def _runner(plan: EnginePlan, make_batch: MakeBatch, forward: Callable[[ForwardBatch], torch.Tensor],
+            sampled: bool = True) -> Run:
+    """Runs steps of the given shapes; `sampled`: each step's logits go through the sampler too."""
     config, device = plan.config, plan.device
     generator = torch.Generator(device=device).manual_seed(0)
 
     def sample(logits: torch.Tensor, params: list[SamplingParams]) -> None:
+        if not sampled:
+            return
         sampler = Sampler(config.vocab_size, device, config.eos_token_ids, len(params))
         for key, p in enumerate(params):
             sampler.add(key, p, None if p.greedy else generator)
@@ -145,12 +155,12 @@ def prepare_on_device(
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
     step_peak = _peak(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
-    one_row = _peak(lambda: run(decode_shapes([1], table_len)))
-    all_rows = _peak(lambda: run(decode_shapes([most_rows], table_len)))
-    # A running request's decode row costs its activations twice: in eager mixed steps, and once
-    # more in the decode graphs' private pool, captured for the largest bucket.
-    row_bytes = 2 * max(0, all_rows - one_row) // max(1, most_rows - 1)
-    del scratch, run
+    # A running request's decode row costs activations twice: in eager mixed steps (the model and
+    # the sampler), and once more in the decode graphs' private pool, which holds the model's
+    # activations at the largest bucket (the sampler runs outside the graphs).
+    forward_only = _runner(plan, make_batch, lambda b: model(b, scratch), sampled=False)
+    row_bytes = _per_row(run, most_rows, table_len) + _per_row(forward_only, most_rows, table_len)
+    del scratch, run, forward_only
     gc.collect()
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
@@ -161,6 +171,6 @@ def prepare_on_device(
     budget = MemoryBudget(free, step_peak, args.mem_fraction_static or DEFAULT_MEM_FRACTION)
     costs = PoolCosts.of(layout, flags.page_size, plan.dtype, getattr(torch, flags.ssm_dtype), row_bytes)
     pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
-                          args.max_running_requests)
+                          args.max_running_requests, args.mamba_full_memory_ratio)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
                              compile_watch.compile_count() - compiles, max_prefill_tokens)

@@ -12,19 +12,23 @@ from torch import Tensor
 
 from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.triton_backend import TritonGDNBackend
+from minisgl.prefill_groups import MAX_GROUPS
 
 
 class FlaGDNBackend(TritonGDNBackend):
     def __init__(self) -> None:
         super().__init__()
-        self._cu: tuple[Tensor, Tensor] | None = None  # (a step's cu_seqlens, its int64 copy)
+        # (cu_seqlens, its int64 copy) of a step's request groups (prefill_groups.py), newest last.
+        self._cu: list[tuple[Tensor, Tensor]] = []
 
     def _cu_seqlens_i64(self, cu_seqlens: Tensor) -> Tensor:
         """The same int64 tensor for every GDN layer of a step: fla caches its chunk indices per
         tensor object, and building them reads cu_seqlens on the host (a sync per layer otherwise)."""
-        if self._cu is None or self._cu[0] is not cu_seqlens:
-            self._cu = (cu_seqlens, cu_seqlens.long())
-        return self._cu[1]
+        for seen, i64 in self._cu:
+            if seen is cu_seqlens:
+                return i64
+        self._cu = [*self._cu[1 - MAX_GROUPS :], (cu_seqlens, cu_seqlens.long())]
+        return self._cu[-1][1]
 
     def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
         """inp varlen over cu_seqlens -> o [T, HV, V]."""

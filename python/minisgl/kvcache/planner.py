@@ -10,9 +10,11 @@ Rules, in order:
   decode row adds to a step (measured), so those scale with the slots;
 - one request at the context length (without --context-length: at min(model limit,
   SIZING_TOKENS)) must fit, else planning fails and says what context would fit;
-- slots: --max-running-requests when given, else as many requests of SIZING_TOKENS tokens as fit
-  (at most MAX_AUTO_RUNNING); requested slots are lowered only when they would leave no room for
-  one request at the context length;
+- slots: --max-running-requests when given; else, for models with GDN layers, the state gets
+  ratio / (1 + ratio) of the pool (--mamba-full-memory-ratio, SGLang's flag and default, 0.9), and
+  for models without, as many requests of SIZING_TOKENS tokens as fit (at most MAX_AUTO_RUNNING
+  either way); slots are lowered only when they would leave no room for one request at the
+  context length;
 - pages fill the rest, but never more than every slot at the context length needs; fewer than
   that is logged as pages lowered;
 - without --context-length, the context is the model's limit, lowered to what the pages hold.
@@ -27,10 +29,15 @@ from minisgl.kvcache.hybrid_pool import PoolConfig, PoolLayout
 from minisgl.kvcache.pages import _num_pages
 
 GIB = float(1 << 30)
-# Without --max-running-requests, slots are sized so that this many tokens per request fit:
-# a slot's recurrent state costs as much as thousands of tokens of K/V, so sizing for the full
-# context would leave most slots' pages idle, and sizing for tiny requests would starve long ones.
+# Without --context-length, one request of this many tokens must fit; without
+# --max-running-requests, a model without recurrent state gets as many such requests' slots.
 SIZING_TOKENS = 8192
+# SGLang's --mamba-full-memory-ratio default: state memory : KV memory. A slot's recurrent state
+# costs as much as thousands of tokens of K/V, and the split decides between running many short
+# requests (slots) and holding long ones (pages); measured on the served 122B (docs/benchmarks.md),
+# this split runs 64 requests of 1K at once where sizing slots for 8K requests ran 59 and gave
+# 0.86x the output throughput.
+DEFAULT_STATE_RATIO = 0.9
 MAX_AUTO_RUNNING = 512
 
 
@@ -102,6 +109,7 @@ def plan_pool(
     model_max_len: int,
     context_length: int | None,
     max_running_requests: int | None,
+    state_ratio: float = DEFAULT_STATE_RATIO,
 ) -> PoolPlan:
     """Slots and pages out of `usable` bytes (MemoryBudget.usable), by the rules above."""
     notes: list[str] = []
@@ -116,7 +124,11 @@ def plan_pool(
             f"and {usable / GIB:.2f} GiB are left for the pool, so at most --context-length {fit} would fit "
             f"(or raise --mem-fraction-static, or lower --max-prefill-tokens to shrink the activation reserve)"
         )
-    if max_running_requests is None:
+    if max_running_requests is None and costs.slot_bytes:
+        share = state_ratio / (1 + state_ratio)
+        slots = max(1, min(MAX_AUTO_RUNNING, int(usable * share) // costs.slot_bytes))
+        notes.append(f"{slots} slots: {share:.0%} of the pool for state (--mamba-full-memory-ratio {state_ratio})")
+    elif max_running_requests is None:
         sizing = min(floor_len, SIZING_TOKENS)
         slots = max(1, min(MAX_AUTO_RUNNING, usable // costs.request(sizing)))
         notes.append(f"{slots} slots: as many requests of {sizing} tokens as fit")

@@ -91,7 +91,21 @@ class GatedDeltaNet(nn.Module):
         if batch.is_decode:
             return self.backend.delta_decode(inp, ssm_state, batch.slots)
         d, part = batch.leading_decodes, batch.prefill_requests
-        prefill = self.backend.delta_prefill(inp.rows(d), part.cu_seqlens, ssm_state, part.slots)
+        prefill = self._delta_prefill(inp.rows(d), ssm_state, part)
         if not d:
             return prefill
         return torch.cat([self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), prefill])
+
+    def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch) -> torch.Tensor:
+        """The chunked rule over the prefill requests, a group of requests at a time (prefill_groups.py)."""
+        if not part.groups:
+            return self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots)
+        out, start = None, 0
+        for group in part.groups:
+            end = start + group.num_tokens
+            o = self.backend.delta_prefill(inp.rows(start, end), group.cu_seqlens, ssm_state, group.slots)
+            if out is None:
+                out = o.new_empty((part.num_tokens, *o.shape[1:]))
+            out[start:end] = o
+            start = end
+        return out

@@ -1,0 +1,37 @@
+"""A prefill step above GROUP_TOKENS, whose GDN chunked rule runs a group of requests at a time
+(prefill_groups.py), against the same step with the requests in one call, on twin pools. Shared by
+the CPU test (torch backend) and the GPU test (fla)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from minisgl.engine.engine import Engine
+from minisgl.forward_batch import ForwardBatch
+from minisgl.kvcache.hybrid_pool import HybridPool
+
+LENGTHS = (1500, 700, 2100, 300, 1200, 900)  # 6,700 tokens: two groups, split after the third request
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def grouped_against_whole(engine: Engine) -> list[tuple[str, float]]:
+    """(what, relative error of the grouped run against the whole one): the logits, then the
+    requests' SSM and conv states."""
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, engine.config.vocab_size, (n,), generator=gen).tolist() for n in LENGTHS]
+    outs = []
+    for grouped in (True, False):
+        pool = HybridPool(engine.layout, engine.pool_cfg, engine.dtype, engine.device)
+        slots = [pool.allocate(n + 1) for n in LENGTHS]
+        for s, n in zip(slots, LENGTHS):
+            pool.ensure_tokens(s, n)
+        batch = ForwardBatch.build(prompts, [0] * len(prompts), slots, pool.page_table, pool.page_size, engine.device)
+        assert [g.batch_size for g in batch.groups] == [3, 3], "the step must split for the test to mean anything"
+        with torch.inference_mode():
+            logits = engine.model(batch if grouped else replace(batch, groups=()), pool)
+        outs.append([logits, pool.state.ssm[:, slots].clone(), pool.state.conv[:, slots].clone()])
+    return [(what, rel_err(a, b)) for what, a, b in zip(("logits", "ssm state", "conv state"), *outs)]
