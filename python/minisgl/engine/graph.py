@@ -85,7 +85,11 @@ class DecodeGraphRunner:
         if pool.page_table.shape[1] != self.table_width:
             raise ValueError(f"pool table width {pool.page_table.shape[1]} != _num_pages(max_seq_len) {self.table_width}")
         self.inputs = StaticDecodeInputs(self.buckets[-1], pool.dummy_row, pool.page_size, pool.page_table.device)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # Every graph copies its logits into this one buffer (made before the first capture, outside
+        # the graphs' pool): a graph's own output tensor would stay allocated in the pool, one
+        # [bucket, vocab] fp32 per bucket, 15 GiB over the 66 buckets up to 512 rows at a 248K vocabulary.
+        self.logits: torch.Tensor | None = None
         self.mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory
             self._capture(bs)
@@ -97,12 +101,15 @@ class DecodeGraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up: triton compiles and autotunes outside capture
             for _ in range(2):
-                self.model(batch, self.pool)
+                warm = self.model(batch, self.pool)
         torch.cuda.current_stream().wait_stream(stream)
+        if self.logits is None:  # the largest bucket is captured first
+            self.logits = torch.empty_like(warm)
+        del warm
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.mempool):
-            out = self.model(batch, self.pool)
-        self.graphs[bs] = (graph, out)
+            self.logits[:bs].copy_(self.model(batch, self.pool))
+        self.graphs[bs] = graph
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and batch.batch_size <= self.buckets[-1]
@@ -111,6 +118,5 @@ class DecodeGraphRunner:
         check_table_width(self.pool.page_table, self.table_width)
         bucket = self.buckets[bisect.bisect_left(self.buckets, batch.batch_size)]
         self.inputs.load(batch, bucket)
-        graph, out = self.graphs[bucket]
-        graph.replay()
-        return out[: batch.batch_size]
+        self.graphs[bucket].replay()
+        return self.logits[: batch.batch_size]
