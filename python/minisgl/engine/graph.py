@@ -88,7 +88,7 @@ class DecodeGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # Every graph copies its logits into this one buffer (made before the first capture, outside
         # the graphs' pool): a graph's own output tensor would stay allocated in the pool, one
-        # [bucket, vocab] fp32 per bucket, 15 GiB over the 66 buckets up to 512 rows at a 248K vocabulary.
+        # [bucket, vocab] fp32 per bucket, 15 GiB over the 67 buckets up to 512 rows at a 248K vocabulary.
         self.logits: torch.Tensor | None = None
         self.mempool = torch.cuda.graph_pool_handle()
         for bs in reversed(self.buckets):  # largest first, so smaller graphs reuse its memory
