@@ -4,8 +4,10 @@ tests/gpu/test_grouped_prefill_fla.py runs the same step on fla."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minisgl import LLM
+from minisgl.forward_batch import ForwardBatch
 from minisgl.prefill_groups import GROUP_TOKENS, prefill_groups
 from grouped_prefill import grouped_against_whole
 
@@ -29,3 +31,12 @@ def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
               context_length=4096)
     for what, err in grouped_against_whole(llm.engine):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+
+
+def test_only_the_step_is_split_not_its_groups() -> None:
+    table = torch.zeros(6, 200, dtype=torch.int64)
+    batch = ForwardBatch.build([[1] * 4096] * 5, [0] * 5, [1, 2, 3, 4, 5], table, 64, "cpu")
+    # Target 5,120 (a quarter of the step); a group of 8,192 tokens would split again on its own.
+    assert [g.extend_lens for g in batch.groups] == [(4096, 4096), (4096, 4096), (4096,)]
+    assert all(g.groups == () for g in batch.groups)
+    assert len(ForwardBatch.build([[1] * 4096] * 2, [0] * 2, [1, 2], table, 64, "cpu").groups) == 2
