@@ -29,18 +29,29 @@ class WorkerFailure(RuntimeError):
     """A worker died, reported an error, or did not answer in time."""
 
 
+def check_pinned_pool(plan: EnginePlan, devices: list[str]) -> None:
+    """On GPUs the flags must pin the attention workers' pools: the memory planner's warm-up steps
+    would go through the expert workers, which do not take part in a warm-up yet, so a worker's
+    pool is the flags' (every slot at the context length: at the model's 262,144 positions, more
+    than a GPU holds)."""
+    if plan.args.num_pages is None and any(d.startswith("cuda") for d in devices):
+        raise ValueError("AFD on GPUs: the attention workers do not size their pools from measured memory yet; "
+                         "pin them with --num-pages (with --max-running-requests and --context-length)")
+
+
 class WorkerGroup:
     """Starts every worker (attention lanes' ranks first, then the expert workers) and returns once
     all have said they are ready with the same decode graph buckets: every rank must be able to
     replay the shape of every graph step."""
 
     def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
+        devices = launcher.devices(afd)
+        check_pinned_pool(plan, devices)
         self.launcher: Launcher | None = launcher
         self.zmq = zmq.Context.instance()
         self.reply_sock = self.zmq.socket(zmq.PULL)
         reply_port = self.reply_sock.bind_to_random_port(f"tcp://{launcher.host}")
         self.store = dist.TCPStore(launcher.host, 0, is_master=True, wait_for_workers=False)
-        devices = launcher.devices(afd)
         self.plan_socks: dict[str, zmq.Socket] = {}
         specs = []
         # Each lane's TP ranks are consecutive (one node's GPUs); the plan of a lane goes to each of them.
