@@ -34,8 +34,8 @@ class ForwardBatch:
     # slices: a slice at an odd offset would be a new pointer alignment, a new Triton variant).
     leading_decodes: int = 0
     prefill_part: "ForwardBatch | None" = None
-    # A prefill-only batch above GROUP_TOKENS: its requests as consecutive batches of their own,
-    # for the GDN chunked rule (prefill_groups.py); () when the batch is one group.
+    # A prefill-only batch of more than one request group (prefill_groups.py): its requests as
+    # consecutive batches of their own, for the GDN chunked rule; () when it is one group.
     groups: tuple["ForwardBatch", ...] = ()
 
     @property
@@ -63,9 +63,7 @@ class ForwardBatch:
         page_table: torch.Tensor,
         page_size: int,
         device: torch.device | str,
-        grouped: bool = True,
     ) -> "ForwardBatch":
-        """grouped=False: no `groups` (a group itself, which nothing splits further)."""
         if not (len(tokens) == len(prefix_lens) == len(slots)) or not tokens:
             raise ValueError("a batch needs one token list, prefix length and slot per request, and >= 1 request")
         if any(len(t) == 0 for t in tokens):
@@ -84,9 +82,10 @@ class ForwardBatch:
             decodes = 0
         rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
                                   device) if decodes else None
-        spans = prefill_groups(extend) if grouped and not decodes and any(n != 1 for n in extend) else []
-        groups = tuple(ForwardBatch.build(tokens[i:j], prefix_lens[i:j], slots[i:j], page_table, page_size, device,
-                                          grouped=False) for i, j in spans) if len(spans) > 1 else ()
+        # A group is within both bounds, so its own build makes no groups.
+        spans = prefill_groups(extend) if not decodes and any(n != 1 for n in extend) else []
+        groups = tuple(ForwardBatch.build(tokens[i:j], prefix_lens[i:j], slots[i:j], page_table, page_size, device)
+                       for i, j in spans) if len(spans) > 1 else ()
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)

@@ -1,8 +1,13 @@
-"""A prefill step above GROUP_TOKENS on the GPU (fla's chunked rule, a group of requests at a time)
-against the same step in one fla call: tests/grouped_prefill.py on the tiny hybrid model in fp32."""
+"""A prefill step of several request groups on the GPU (fla's chunked rule, a group at a time, with
+chunk indices built on the host) against the same step in one fla call: tests/grouped_prefill.py
+on the tiny hybrid model in fp32; and those host-built chunk indices against fla's own."""
 from __future__ import annotations
 
+import itertools
+import random
+
 import pytest
+import torch
 
 from minisgl import LLM
 from grouped_prefill import grouped_against_whole
@@ -16,3 +21,18 @@ def test_grouped_fla_prefill_equals_one_call(tiny_checkpoints) -> None:
     assert type(llm.engine.model.layers[0].linear_attn.backend).__name__ == "FlaGDNBackend"
     for what, err in grouped_against_whole(llm.engine):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+
+
+def test_host_chunk_indices_are_flas() -> None:
+    """The fla backend builds fla's chunk indices on the host from the lengths (no device wait);
+    they must be what fla builds from cu_seqlens."""
+    from fla.ops.utils.index import prepare_chunk_indices  # fla: on the GPU only
+
+    from minisgl.gdn.fla_backend import FLA_CHUNK, chunk_indices
+
+    rng = random.Random(0)
+    for _ in range(100):
+        lens = [rng.choice([1, 5, 63, 64, 65, 129, 1000, 4096]) for _ in range(rng.randint(1, 20))]
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int64, device="cuda")
+        want = prepare_chunk_indices(cu, FLA_CHUNK)
+        assert torch.equal(torch.tensor(chunk_indices(lens), device="cuda").view(-1, 2), want), lens

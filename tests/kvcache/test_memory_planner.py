@@ -103,7 +103,7 @@ def test_gpu_memory_utilization_is_an_alias() -> None:
     assert engine_args_from(parser.parse_args(["--mem-fraction-static", "0.7"])).mem_fraction_static == 0.7
 
 
-@pytest.mark.parametrize("ratio", [0.0, -1.0, float("nan")])
+@pytest.mark.parametrize("ratio", [0.0, -1.0, float("nan"), float("inf")])
 def test_state_ratio_must_be_positive(ratio: float) -> None:
     with pytest.raises(ValueError, match="mamba_full_memory_ratio must be > 0"):
         EngineArgs(mamba_full_memory_ratio=ratio)

@@ -76,8 +76,8 @@ class EngineArgs:
         check_sizes(self.tp_size, self.ep_size)
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1], got {self.mem_fraction_static}")
-        if not self.mamba_full_memory_ratio > 0:
-            raise ValueError(f"mamba_full_memory_ratio must be > 0, got {self.mamba_full_memory_ratio}")
+        if not 0 < self.mamba_full_memory_ratio < float("inf"):
+            raise ValueError(f"mamba_full_memory_ratio must be > 0 and finite, got {self.mamba_full_memory_ratio}")
         if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 0:
             raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 0, got {self.piecewise_cuda_graph_max_tokens}")
         if self.chunked_prefill_size < 1:

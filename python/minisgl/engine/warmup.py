@@ -18,6 +18,7 @@ import torch
 
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.allocator import DUMMY_SLOT
+from minisgl.prefill_groups import GROUP_REQUESTS
 from minisgl.sampling_params import SamplingParams
 
 
@@ -67,6 +68,10 @@ def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[St
     shapes.append(StepShape((later,), (max_len - later - 1,)))
     mixed = tuple(n for n in (chunk // 2 + 1, 17, 3) if n > 1)
     shapes.append(StepShape(mixed, (0,) * len(mixed)))
+    # Many short prompts: full request groups of the GDN rule, whose peak grows with the requests.
+    many = min(2 * GROUP_REQUESTS, max_prefill_tokens // 17)
+    if many > 1:
+        shapes.append(StepShape((min(17, max_len - 1),) * many, (0,) * many))
     return shapes
 
 

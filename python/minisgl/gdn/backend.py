@@ -5,7 +5,7 @@ one token per request. Request i owns state slot `slots[i]` of the layer's pools
 the request's state on entry and are updated in place. Slot 0 is the padding rows' scratch."""
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 from torch import Tensor
 
@@ -29,8 +29,11 @@ class GDNBackend(Protocol):
         """x [B, C], one token per request -> [B, C]; each slot's window shifts by one."""
         ...
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
-        """The chunked gated delta rule over each request, ssm_state [N, HV, K, V] -> o [T, HV, V]."""
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
+                      lengths: Sequence[int] | None = None) -> Tensor:
+        """The chunked gated delta rule over each request, ssm_state [N, HV, K, V] -> o [T, HV, V].
+        lengths: the requests' token counts when the caller knows them on the host (what cu_seqlens
+        holds; a backend that needs them there reads them instead of waiting for the device)."""
         ...
 
     def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:

@@ -1,46 +1,69 @@
 """GDN backend "fla": our Triton conv and decode kernels, with prefill's gated delta rule on
 flash-linear-attention's varlen `chunk_gated_delta_rule` (importing this module needs fla).
 
-Prefill gathers the requests' initial states from their slots, runs all requests in one varlen call,
-and scatters the final states back; prefill is compute-bound, so the copies cost little there,
+Prefill gathers the requests' initial states from their slots, runs a group of requests
+(prefill_groups.py) in one varlen call, and scatters the final states back; prefill is compute-bound, so the copies cost little there,
 unlike decode, which updates the pool in place (kernels/gated_delta_decode.py).
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import torch
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 from torch import Tensor
 
 from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.triton_backend import TritonGDNBackend
-from minisgl.prefill_groups import MAX_GROUPS
+from minisgl.host_copy import to_device
+
+# fla's chunk length in chunk_gated_delta_rule (its kernels' BT).
+FLA_CHUNK = 64
+# Varlen metadata kept per cu_seqlens object: a step's request groups (prefill_groups.py) and, under
+# AFD, its micro-batches; every GDN layer of the step reuses them.
+_KEPT_VARLEN = 16
+
+
+def chunk_indices(lengths: Sequence[int]) -> list[int]:
+    """fla's chunk indices of a varlen batch, flat: (request, chunk within it) for every FLA_CHUNK
+    tokens of every request. fla builds them from cu_seqlens on the device, which waits for it."""
+    return [v for i, n in enumerate(lengths) for c in range(-(-n // FLA_CHUNK)) for v in (i, c)]
 
 
 class FlaGDNBackend(TritonGDNBackend):
     def __init__(self) -> None:
         super().__init__()
-        # (cu_seqlens, its int64 copy) of a step's request groups (prefill_groups.py), newest last.
-        self._cu: list[tuple[Tensor, Tensor]] = []
+        # (cu_seqlens, (its int64 copy, fla's chunk indices or None)), newest last.
+        self._varlen: list[tuple[Tensor, tuple[Tensor, Tensor | None]]] = []
 
-    def _cu_seqlens_i64(self, cu_seqlens: Tensor) -> Tensor:
-        """The same int64 tensor for every GDN layer of a step: fla caches its chunk indices per
-        tensor object, and building them reads cu_seqlens on the host (a sync per layer otherwise)."""
-        for seen, i64 in self._cu:
+    def _varlen_args(self, cu_seqlens: Tensor, lengths: Sequence[int] | None) -> tuple[Tensor, Tensor | None]:
+        """The same tensors for every GDN layer of a step. Given the lengths, the chunk indices come
+        from the host without waiting; else fla builds them (one sync per cu_seqlens object: fla
+        caches them per tensor object, so the int64 copy must be the same object each layer)."""
+        for seen, args in self._varlen:
             if seen is cu_seqlens:
-                return i64
-        self._cu = [*self._cu[1 - MAX_GROUPS :], (cu_seqlens, cu_seqlens.long())]
-        return self._cu[-1][1]
+                return args
+        indices = None
+        if lengths is not None:
+            indices = to_device(chunk_indices(lengths), torch.int64, cu_seqlens.device).view(-1, 2)
+        args = (cu_seqlens.long(), indices)
+        self._varlen = [*self._varlen[1 - _KEPT_VARLEN :], (cu_seqlens, args)]
+        return args
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
+                      lengths: Sequence[int] | None = None) -> Tensor:
         """inp varlen over cu_seqlens -> o [T, HV, V]."""
         g, beta = inp.gates()  # fp32, exactly the reference's gates
         initial = ssm_state[slots]
+        cu, indices = self._varlen_args(cu_seqlens, lengths)
         o, final = chunk_gated_delta_rule(
             inp.q[None], inp.k[None], inp.v[None], g[None], beta[None],
             scale=inp.q.shape[-1] ** -0.5,
             initial_state=initial,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
-            cu_seqlens=self._cu_seqlens_i64(cu_seqlens),
+            cu_seqlens=cu,
+            chunk_indices=indices,
         )
         # Padding rows (slot 0) write back the state they read, so slot 0 keeps its contents.
         live = (slots != 0)[:, None, None, None]

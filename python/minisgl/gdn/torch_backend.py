@@ -10,6 +10,9 @@ Real requests must carry distinct non-zero slots.
 """
 from __future__ import annotations
 
+import itertools
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -48,13 +51,14 @@ class TorchGDNBackend:
         conv_state[slots] = seq[:, :, 1:].to(conv_state.dtype)
         return out.to(x.dtype)
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor) -> Tensor:
+    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
+                      lengths: Sequence[int] | None = None) -> Tensor:
         """inp varlen over cu_seqlens, ssm_state [N, HV, K, V] -> o [T, HV, V]."""
         q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2])
         g, beta = inp.gates()
         v = inp.v.float()
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-        bounds = cu_seqlens.tolist()
+        bounds = cu_seqlens.tolist() if lengths is None else [0, *itertools.accumulate(lengths)]
         for i, slot in enumerate(slots.tolist()):
             s, e = bounds[i], bounds[i + 1]
             out[s:e], state = chunk_gated_delta_rule(
