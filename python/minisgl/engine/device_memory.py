@@ -155,11 +155,14 @@ def prepare_on_device(
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
     step_peak = _peak(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
-    # A running request's decode row costs activations twice: in eager mixed steps (the model and
-    # the sampler), and once more in the decode graphs' private pool, which holds the model's
-    # activations at the largest bucket (the sampler runs outside the graphs).
+    # A running request's decode row costs activations in eager mixed steps (the model and the
+    # sampler), and with decode graphs once more: the graphs' private pool holds the model's
+    # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
+    # their fp32 logits into one static buffer of that many rows (engine/graph.py).
     forward_only = _runner(plan, make_batch, lambda b: model(b, scratch), sampled=False)
-    row_bytes = _per_row(run, most_rows, table_len) + _per_row(forward_only, most_rows, table_len)
+    row_bytes = _per_row(run, most_rows, table_len)
+    if plan.cuda_graphs:
+        row_bytes += _per_row(forward_only, most_rows, table_len) + plan.config.vocab_size * 4
     del scratch, run, forward_only
     gc.collect()
     torch.cuda.empty_cache()
