@@ -1,12 +1,12 @@
-"""A prefill step above GROUP_TOKENS, whose GDN chunked rule runs a group of requests at a time
-(prefill_groups.py), against the same step with the requests in one call, on twin pools. Shared by
+"""A prefill step of several request groups, whose GDN chunked rule runs a group at a time
+(prefill_groups.py), against the same step with its requests in one call, on twin pools. Shared by
 the CPU test (torch backend) and the GPU test (fla)."""
 from __future__ import annotations
 
-from dataclasses import replace
-
+import pytest
 import torch
 
+from minisgl import forward_batch
 from minisgl.engine.engine import Engine
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool
@@ -30,8 +30,11 @@ def grouped_against_whole(engine: Engine) -> list[tuple[str, float]]:
         for s, n in zip(slots, LENGTHS):
             pool.ensure_tokens(s, n)
         batch = ForwardBatch.build(prompts, [0] * len(prompts), slots, pool.page_table, pool.page_size, engine.device)
-        assert [g.batch_size for g in batch.groups] == [2, 3, 1], "the step must split for the test to mean anything"
-        with torch.inference_mode():
-            logits = engine.model(batch if grouped else replace(batch, groups=()), pool)
+        with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+            if not grouped:  # the same step with its requests in one group
+                mp.setattr(forward_batch, "prefill_groups", lambda lens: [(0, len(lens))])
+            logits = engine.model(batch, pool)
+        spans = [len(g.extend_lens) for g in batch.groups]
+        assert spans == ([2, 3, 1] if grouped else []), "the step must split for the test to mean anything"
         outs.append([logits, pool.state.ssm[:, slots].clone(), pool.state.conv[:, slots].clone()])
     return [(what, rel_err(a, b)) for what, a, b in zip(("logits", "ssm state", "conv state"), *outs)]

@@ -6,12 +6,26 @@ already-cached ones; a decode request is an extend of one. Built once per step, 
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from minisgl.host_copy import to_device
 from minisgl.prefill_groups import prefill_groups
+
+
+@dataclass(frozen=True)
+class RequestGroup:
+    """Consecutive requests of a batch: its tokens [start, end), their cu_seqlens from 0, slots and
+    lengths."""
+
+    start: int
+    end: int
+    cu_seqlens: torch.Tensor
+    slots: torch.Tensor
+    extend_lens: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -34,9 +48,6 @@ class ForwardBatch:
     # slices: a slice at an odd offset would be a new pointer alignment, a new Triton variant).
     leading_decodes: int = 0
     prefill_part: "ForwardBatch | None" = None
-    # A prefill-only batch of more than one request group (prefill_groups.py): its requests as
-    # consecutive batches of their own, for the GDN chunked rule; () when it is one group.
-    groups: tuple["ForwardBatch", ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -49,6 +60,18 @@ class ForwardBatch:
     @property
     def is_decode(self) -> bool:
         return all(n == 1 for n in self.extend_lens)
+
+    @functools.cached_property
+    def groups(self) -> tuple[RequestGroup, ...]:
+        """The requests in groups for the GDN chunked rule (prefill_groups.py); () when they make
+        one group. Made on first use, from the batch's device tensors without a host copy, and the
+        same objects for every layer of the step."""
+        spans = prefill_groups(self.extend_lens)
+        if len(spans) == 1:
+            return ()
+        starts = [0, *itertools.accumulate(self.extend_lens)]
+        return tuple(RequestGroup(starts[i], starts[j], self.cu_seqlens[i : j + 1] - self.cu_seqlens[i],
+                                  self.slots[i:j], self.extend_lens[i:j]) for i, j in spans)
 
     @property
     def prefill_requests(self) -> "ForwardBatch":
@@ -82,10 +105,6 @@ class ForwardBatch:
             decodes = 0
         rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
                                   device) if decodes else None
-        # A group is within both bounds, so its own build makes no groups.
-        spans = prefill_groups(extend) if not decodes and any(n != 1 for n in extend) else []
-        groups = tuple(ForwardBatch.build(tokens[i:j], prefix_lens[i:j], slots[i:j], page_table, page_size, device)
-                       for i, j in spans) if len(spans) > 1 else ()
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -103,5 +122,4 @@ class ForwardBatch:
             slot_ids=tuple(slots),
             leading_decodes=decodes,
             prefill_part=rest,
-            groups=groups,
         )

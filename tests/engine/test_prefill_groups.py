@@ -4,8 +4,10 @@ tests/gpu/test_grouped_prefill_fla.py runs the same step on fla."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from minisgl import LLM
+from minisgl.forward_batch import ForwardBatch
 from minisgl.prefill_groups import GROUP_REQUESTS, GROUP_TOKENS, prefill_groups
 from grouped_prefill import grouped_against_whole
 
@@ -31,3 +33,14 @@ def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
               context_length=4096)
     for what, err in grouped_against_whole(llm.engine):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+
+
+def test_a_batch_hands_out_its_groups_once_with_their_own_offsets() -> None:
+    table = torch.zeros(4, 200, dtype=torch.int64)
+    batch = ForwardBatch.build([[1] * 3000, [2] * 3000, [3] * 10], [0, 0, 0], [1, 2, 3], table, 64, "cpu")
+    groups = batch.groups
+    assert groups is batch.groups  # the same objects for every layer (fla caches per tensor object)
+    assert [(g.start, g.end, g.extend_lens) for g in groups] == [(0, 3000, (3000,)), (3000, 6010, (3000, 10))]
+    assert [g.cu_seqlens.tolist() for g in groups] == [[0, 3000], [0, 3000, 3010]]
+    assert [g.slots.tolist() for g in groups] == [[1], [2, 3]]
+    assert ForwardBatch.build([[1] * 5] * 3, [0] * 3, [1, 2, 3], table, 64, "cpu").groups == ()

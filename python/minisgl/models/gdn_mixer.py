@@ -100,13 +100,10 @@ class GatedDeltaNet(nn.Module):
         """The chunked rule over the prefill requests, a group of requests at a time (prefill_groups.py)."""
         if not part.groups:
             return self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens)
-        out, start = None, 0
-        for group in part.groups:
-            end = start + group.num_tokens
-            o = self.backend.delta_prefill(inp.rows(start, end), group.cu_seqlens, ssm_state, group.slots,
-                                           group.extend_lens)
+        out = None
+        for g in part.groups:
+            o = self.backend.delta_prefill(inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots, g.extend_lens)
             if out is None:
                 out = o.new_empty((part.num_tokens, *o.shape[1:]))
-            out[start:end] = o
-            start = end
+            out[g.start : g.end] = o
         return out
