@@ -2,8 +2,9 @@
 flash-linear-attention's varlen `chunk_gated_delta_rule` (importing this module needs fla).
 
 Prefill gathers the requests' initial states from their slots, runs a group of requests
-(prefill_groups.py) in one varlen call, and scatters the final states back; prefill is compute-bound, so the copies cost little there,
-unlike decode, which updates the pool in place (kernels/gated_delta_decode.py).
+(prefill_groups.py) in one varlen call, and scatters the final states back; prefill is
+compute-bound, so the copies cost little there, unlike decode, which updates the pool in place
+(kernels/gated_delta_decode.py).
 """
 from __future__ import annotations
 
