@@ -32,7 +32,7 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("parallel", "kernels"),  # collectives and shards; Triton kernels
     ("forward_batch", "registry", "sampling_defaults", "file_digest"),  # leaves every room may read
     ("arg_field", "process_setup"),  # flag metadata; process names, log level, loading bars
-    ("host_copy", "sampling_params", "version", "prefill_groups"),
+    ("host_copy", "sampling_params", "version", "prefill_groups", "prefill_budget"),
 )
 LEVEL = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 

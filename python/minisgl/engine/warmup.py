@@ -81,12 +81,18 @@ def decode_shapes(sizes: Iterable[int], max_len: int) -> list[StepShape]:
     return [StepShape((1,) * b, (context,) * b) for b in sizes]
 
 
-def mixed_shapes(decode_rows: int, chunk: int, max_len: int) -> list[StepShape]:
-    """Decodes with a prefill chunk beside them, as every step looks while prompts arrive under load."""
+def mixed_shapes(decode_rows: int, chunk: int, max_len: int, beside_most: int) -> list[StepShape]:
+    """Decodes with a prefill chunk beside them, as every step looks while prompts arrive under load,
+    and decode_rows decodes beside the most prompt tokens the scheduler puts there (beside_most,
+    prefill_budget.py), in full chunks."""
     chunk = max(1, min(chunk, max_len - 1))
     context = min(37, max_len - 1)
-    return [StepShape((1,) * rows + (n,), (context,) * rows + (0,))
-            for rows in sorted({1, decode_rows}) for n in sorted({min(chunk, 100), chunk})]
+    shapes = [StepShape((1,) * rows + (n,), (context,) * rows + (0,))
+              for rows in sorted({1, decode_rows}) for n in sorted({min(chunk, 100), chunk})]
+    if beside_most > chunk:
+        parts = _split(beside_most, chunk)
+        shapes.append(StepShape((1,) * decode_rows + parts, (context,) * decode_rows + (0,) * len(parts)))
+    return shapes
 
 
 def warmup_params() -> list[SamplingParams]:

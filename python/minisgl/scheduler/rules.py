@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Protocol
 
 import torch
 
+from minisgl.prefill_budget import step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
 from minisgl.scheduler.prompt_check import prompt_error
@@ -129,14 +130,16 @@ def plan_batch(
     max_seq_len: int,
     chunk_size: int,
     prefill_budget: int,
+    per_decode: int,
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
     most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
-    their pages and a slot. The step's prompt tokens are at most prefill_budget, and at most
-    chunk_size while requests decode, so no decode waits behind more than one chunk of prefill:
+    their pages and a slot. The step's prompt tokens are at most prefill_budget, and while requests
+    decode at most what step_prefill_budget allows beside them (per_decode tokens a decode, at
+    least one chunk), so a decode's wait behind prefill grows no faster than the batch's own work:
     that bounds the inter-token latency."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
-    budget = min(chunk_size, prefill_budget) if items else prefill_budget
+    budget = step_prefill_budget(len(items), chunk_size, per_decode, prefill_budget)
     logprob_budget = PROMPT_LOGPROB_TOKENS
 
     def chunk_len(r: Request) -> int:
