@@ -1,7 +1,7 @@
-"""Decode steps of the full Qwen3.5-122B-A10B FP8 model on one GPU, with dummy weights, against the
-roofline of the bytes each step must read.
+"""Decode steps of a full Qwen3.5 FP8 model (default Qwen3.5-122B-A10B) on one GPU, with dummy
+weights, against the roofline of the bytes each step must read.
 
-    python benchmarks/bench_decode.py [--layers 48] [--batches 1,8,32,64] [--contexts 1024,8192]
+    python benchmarks/bench_decode.py [--model NAME] [--layers N] [--batches 1,8,32,64] [--contexts 1024,8192]
 
 The engine runs `--load-format dummy` on the real config (seeded random weights in the FP8
 layout), the Triton backends and CUDA graphs. For each context and batch, every request sits at
@@ -135,7 +135,8 @@ def profile_step(engine: Engine, batch) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--model", default=MODEL, help="a known config (models/known_configs.py)")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the config's (default: all)")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--contexts", default="1024,8192")
     cli = ap.parse_args()
@@ -144,8 +145,8 @@ def main() -> None:
     torch.manual_seed(0)
     copy = copy_tbps()
     root = tempfile.mkdtemp()
-    path = config_dir(MODEL, fp8=True, root=root)
-    if cli.layers != 48:
+    path = config_dir(cli.model, fp8=True, root=root)
+    if cli.layers is not None:
         cfg_file = os.path.join(path, "config.json")
         raw = json.load(open(cfg_file))
         raw["text_config"]["num_hidden_layers"] = cli.layers
@@ -178,7 +179,7 @@ def main() -> None:
               "per request MiB": plan.per_request / 2**20,
               f"max batch at {context_cap} tokens": int(left // plan.per_request),
               "graph buckets": str(engine.graph_runner.buckets if engine.graph_runner else None)}
-    print(table([memory], f"{MODEL} FP8, {cli.layers} layers, memory"))
+    print(table([memory], f"{cli.model} FP8, {engine.config.num_layers} layers, memory"))
     rows, prof = [], ""
     for context in contexts:
         cap = min(pool.free_slots, pool.available_pages // _num_pages(context + 1, 64))
