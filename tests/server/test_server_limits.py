@@ -5,6 +5,7 @@
 - --body-read-timeout: a client that does not send the body it announced gets a 408 and is cut off;
 - --max-logprob-entries: a request that may produce more logprob entries is a 400 naming the field;
 - --max-queued-requests: beyond it a 503 with Retry-After, before any header of a stream;
+- --timeout-keep-alive: an idle kept-alive connection is closed after it, not before;
 - a non-streaming chat whose client leaves while it waits for its first token leaves no traceback."""
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from server_harness import SERVER_FLAGS, Server, running_server
 
 KEY = "test-key-0123"
 LIMIT_FLAGS = ("--max-running-requests", "2", "--max-queued-requests", "2", "--max-request-body-bytes", "4096",
-               "--body-read-timeout", "1", "--max-logprob-entries", "1000")
+               "--body-read-timeout", "1", "--max-logprob-entries", "1000", "--timeout-keep-alive", "2")
 LONG = {"prompt": "The quick brown fox", "max_tokens": 240, "ignore_eos": True, "stream": True}
 
 
@@ -41,6 +42,12 @@ def _raw(server: Server, request: bytes, pause_after_s: float = 0.0) -> tuple[by
         while chunk := sock.recv(65536):
             answer += chunk
         return answer, time.monotonic() - start
+
+
+def test_idle_connection_closes_after_the_keep_alive_timeout(server: Server) -> None:
+    answer, seconds = _raw(server, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert 1.5 < seconds < 4.5, f"closed after {seconds:.1f} s, expected the 2 s asked for (uvicorn: 5 s)"
 
 
 def test_api_key_guards_v1_and_admin_routes(server: Server) -> None:

@@ -39,6 +39,9 @@ class ServerArgs:
                                                 "Retry-After")
     max_request_body_bytes: int = arg(16 << 20, "larger request bodies get 413")
     body_read_timeout: float = arg(30.0, "seconds a client may take to send its request body, else 408")
+    timeout_keep_alive: float = arg(30.0, "seconds an idle HTTP connection stays open; longer than clients keep "
+                                          "idle connections (httpx 5 s, aiohttp 15 s), so a client never sends on "
+                                          "one the server is closing")
     max_logprob_entries: int = arg(1 << 18, "logprob entries (token + alternatives, prompt and output, all choices) "
                                             "one request may produce, else 400")
 
@@ -46,8 +49,9 @@ class ServerArgs:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         check_choices(self)
-        if self.watchdog_timeout <= 0 or self.startup_timeout <= 0 or self.body_read_timeout <= 0:
-            raise ValueError("watchdog_timeout, startup_timeout and body_read_timeout must be positive")
+        if min(self.watchdog_timeout, self.startup_timeout, self.body_read_timeout, self.timeout_keep_alive) <= 0:
+            raise ValueError("watchdog_timeout, startup_timeout, body_read_timeout and timeout_keep_alive must be "
+                             "positive")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty (leave it unset for an open server)")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:

@@ -109,7 +109,8 @@ def serve(engine_args: EngineArgs, sched_args: SchedulerArgs, server_args: Serve
             # The access log (a line per request) only when --log-level-http asks for info or debug.
             server = uvicorn.Server(uvicorn.Config(
                 app, log_level=server_args.log_level_http or server_args.log_level,
-                access_log=server_args.log_level_http in ("info", "debug"), timeout_graceful_shutdown=CHILD_STOP_TIMEOUT))
+                access_log=server_args.log_level_http in ("info", "debug"), timeout_graceful_shutdown=CHILD_STOP_TIMEOUT,
+                timeout_keep_alive=server_args.timeout_keep_alive))
             try:
                 server.run(sockets=[sock])
             except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down gracefully and re-raised it
