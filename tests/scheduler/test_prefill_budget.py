@@ -16,23 +16,23 @@ PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.mark.parametrize(
-    "decodes, per_decode, expected",
+    "decodes, requests, per_request, expected",
     [
-        (0, 16, 16384),  # nothing decodes: the whole step budget
-        (1, 16, 1024),  # a small batch keeps one chunk
-        (64, 16, 1024),  # 64 x 16 is one chunk
-        (65, 16, 1040),
-        (512, 16, 8192),
-        (2000, 16, 16384),  # never above --max-prefill-tokens
-        (512, 0, 1024),  # 0: one chunk at any batch
+        (0, 300, 16, 16384),  # nothing decodes: the whole step budget
+        (1, 1, 16, 1024),  # a few requests keep one chunk
+        (32, 64, 16, 1024),  # 64 x 16 is one chunk
+        (16, 200, 16, 3200),  # a burst beside a few decodes
+        (512, 512, 16, 8192),
+        (512, 2000, 16, 16384),  # never above --max-prefill-tokens
+        (512, 512, 0, 1024),  # 0: one chunk always
     ],
 )
-def test_budget_grows_with_the_decode_batch(decodes: int, per_decode: int, expected: int) -> None:
-    assert step_prefill_budget(decodes, 1024, per_decode, 16384) == expected
+def test_budget_grows_with_the_requests(decodes: int, requests: int, per_request: int, expected: int) -> None:
+    assert step_prefill_budget(decodes, requests, 1024, per_request, 16384) == expected
 
 
 def test_a_chunk_above_the_step_budget_is_capped() -> None:
-    assert step_prefill_budget(3, 1024, 16, 512) == 512
+    assert step_prefill_budget(3, 3, 1024, 16, 512) == 512
 
 
 class _Pool:
@@ -56,19 +56,19 @@ def _decoding(i: int) -> Request:
     return r
 
 
-@pytest.mark.parametrize("decodes, prefill", [(0, 4 * 100), (4, 100), (20, 200), (40, 300)])
-def test_plan_batch_takes_the_budget_beside_decodes(decodes: int, prefill: int) -> None:
-    """chunk 100, 10 tokens a decode, step budget 300; four waiting prompts of 150 tokens."""
+@pytest.mark.parametrize("decodes, waiting, prefill", [(0, 4, 400), (4, 4, 100), (4, 16, 200), (20, 12, 300)])
+def test_plan_batch_takes_the_budget_beside_decodes(decodes: int, waiting: int, prefill: int) -> None:
+    """chunk 100, 10 tokens a request, step budget 300 (400 without decodes); prompts of 150 tokens."""
     running = [_decoding(i) for i in range(decodes)]
-    waiting = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(4))
-    items = plan_batch(running, waiting, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=300 if decodes else 400,
-                       per_decode=10)
+    queue = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(waiting))
+    items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=300 if decodes else 400,
+                       per_request=10)
     assert sum(n for r, n in items if r.rid.startswith("d")) == decodes
     chunks = [n for r, n in items if r.rid.startswith("w")]
     assert sum(chunks) == prefill
     assert max(chunks) <= 100, "each request's chunk stays at most --chunked-prefill-size"
 
 
-def test_negative_tokens_per_decode_is_refused() -> None:
-    with pytest.raises(ValueError, match="prefill_tokens_per_decode must be >= 0"):
-        EngineArgs(prefill_tokens_per_decode=-1)
+def test_negative_tokens_per_request_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefill_tokens_per_request must be >= 0"):
+        EngineArgs(prefill_tokens_per_request=-1)

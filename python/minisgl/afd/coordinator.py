@@ -81,7 +81,7 @@ class Coordinator:
         ]
         self.chunk_size = engine_args.chunked_prefill_size
         self.prefill_budget = sched_args.max_prefill_tokens
-        self.per_decode = engine_args.prefill_tokens_per_decode
+        self.per_request = engine_args.prefill_tokens_per_request
         self.eos = frozenset(config.eos_token_ids)
         self.make_decoder = make_decoder
         self.info = SchedulerInfo(
@@ -200,10 +200,10 @@ class Coordinator:
         prefill chunks share a step (plan_batch). With them, every rank must replay the same
         decode-only graph, so a step is all decodes or all prefill chunks. When both are waiting
         the kinds alternate: a decode then waits behind at most one prefill step, which plan_batch
-        bounds by the decode batch (prefill_budget.py), as it bounds a mixed step."""
+        bounds by the requests present (prefill_budget.py), as it bounds a mixed step."""
         def plan(lane: Lane) -> list[tuple[Request, int]]:
             return plan_batch(lane.running, lane.waiting, lane.alloc, self.max_seq_len, self.chunk_size,
-                              self.prefill_budget, self.per_decode)
+                              self.prefill_budget, self.per_request)
 
         if not self.graph_buckets:
             return [plan(lane) for lane in self.lanes]

@@ -41,10 +41,10 @@ class EngineArgs:
     # 8K/256 c=32 (4096: 7.8x), for 0.82x the total throughput and 5.5x the TTFT median there.
     chunked_prefill_size: int = arg(1024, "max prompt tokens of one request per step, and of all requests per step "
                                           "while few others decode (bounds the inter-token latency)")
-    prefill_tokens_per_decode: int = arg(
-        16, "prompt tokens a step may take for each request decoding in it, when that is more than "
-            "--chunked-prefill-size (at most --max-prefill-tokens): a large decode batch admits new prompts "
-            "as fast as it finishes others (0: one chunk)")
+    prefill_tokens_per_request: int = arg(
+        16, "while requests decode, prompt tokens a step may take for each request running or waiting, when "
+            "that is more than --chunked-prefill-size (at most --max-prefill-tokens): a crowd of requests is "
+            "admitted as fast as the GPU prefills, a few dozen keep one chunk a step (0: always one chunk)")
     attention_backend: str = arg("auto", "full-attention kernels; auto: torch on the CPU, triton on CUDA",
                                  ("auto", *ATTENTION_BACKENDS.names()))
     gdn_backend: str = arg("auto", "gated DeltaNet kernels; auto: torch on the CPU, fla when installed (else "
@@ -86,8 +86,8 @@ class EngineArgs:
             raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 0, got {self.piecewise_cuda_graph_max_tokens}")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
-        if self.prefill_tokens_per_decode < 0:
-            raise ValueError(f"prefill_tokens_per_decode must be >= 0, got {self.prefill_tokens_per_decode}")
+        if self.prefill_tokens_per_request < 0:
+            raise ValueError(f"prefill_tokens_per_request must be >= 0, got {self.prefill_tokens_per_request}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.load_format not in LOAD_FORMATS:

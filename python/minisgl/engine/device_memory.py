@@ -115,7 +115,9 @@ class DevicePreparation:
         pool's table was as wide, so the other shapes compile nothing new."""
         started, compiles = time.monotonic(), compile_watch.compile_count()
         chunk = plan.args.chunked_prefill_size
-        beside = step_prefill_budget(rows, chunk, plan.args.prefill_tokens_per_decode, self.max_prefill_tokens)
+        # The most prompt tokens beside `rows` decodes: every slot decoding, as many requests waiting.
+        beside = step_prefill_budget(rows, 2 * rows, chunk, plan.args.prefill_tokens_per_request,
+                                     self.max_prefill_tokens)
         shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)] + mixed_shapes(rows, chunk, max_len, beside)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
         run = _runner(plan, make_batch, forward)

@@ -130,16 +130,16 @@ def plan_batch(
     max_seq_len: int,
     chunk_size: int,
     prefill_budget: int,
-    per_decode: int,
+    per_request: int,
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
     most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
     their pages and a slot. The step's prompt tokens are at most prefill_budget, and while requests
-    decode at most what step_prefill_budget allows beside them (per_decode tokens a decode, at
-    least one chunk), so a decode's wait behind prefill grows no faster than the batch's own work:
-    that bounds the inter-token latency."""
+    decode at most what step_prefill_budget allows beside them (per_request tokens for each request
+    running or waiting, at least one chunk): with few requests a decode waits behind one chunk,
+    which bounds the inter-token latency, and a crowd is admitted as fast as the GPU prefills."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
-    budget = step_prefill_budget(len(items), chunk_size, per_decode, prefill_budget)
+    budget = step_prefill_budget(len(items), len(running) + len(waiting), chunk_size, per_request, prefill_budget)
     logprob_budget = PROMPT_LOGPROB_TOKENS
 
     def chunk_len(r: Request) -> int:

@@ -66,7 +66,7 @@ class Scheduler:
         self.max_seq_len = engine.max_seq_len
         self.chunk_size = engine.plan.args.chunked_prefill_size
         self.prefill_budget = args.max_prefill_tokens
-        self.per_decode = engine.plan.args.prefill_tokens_per_decode
+        self.per_request = engine.plan.args.prefill_tokens_per_request
         self.overlap = overlap_enabled(engine.device) if overlap is None else overlap
         self.eos = frozenset(engine.config.eos_token_ids)
         self.make_decoder = make_decoder
@@ -153,7 +153,7 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         return plan_batch(self.running, self.waiting, self.pool, self.max_seq_len, self.chunk_size, self.prefill_budget,
-                          self.per_decode)
+                          self.per_request)
 
     def _input_tokens(self, r: Request, n: int) -> list[int]:
         if r.num_computed < len(r.prompt_ids):
