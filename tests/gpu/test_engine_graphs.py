@@ -14,6 +14,9 @@ pytestmark = pytest.mark.gpu
 
 KERNELS = dict(attention_backend="triton", gdn_backend="triton", moe_backend="triton")
 STEPS = 64
+# Eight slots hold the six prompts: without it the planner gives the tiny model hundreds of slots,
+# and every engine here would capture and warm up decode graphs for all of them.
+SLOTS = 8
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,8 @@ def _greedy(max_tokens: int = STEPS) -> SamplingParams:
 def test_graph_replay_matches_eager(tiny: str) -> None:
     # fp32: a padded bucket may pick another split-KV count than the eager batch, which reorders
     # sums; in bf16 that rounding alone could flip a near-tie, in fp32 it cannot.
-    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024, **KERNELS)
+    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024, max_running_requests=SLOTS,
+                  **KERNELS)
     graphed = LLM(tiny, cuda_graph_max_bs=8, **common)
     assert graphed.engine.graph_runner is not None
     eager = LLM(tiny, disable_cuda_graph=True, **common)
@@ -44,7 +48,7 @@ def test_graph_replay_matches_eager(tiny: str) -> None:
 
 
 def test_triton_backends_match_torch(tiny: str) -> None:
-    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024)
+    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024, max_running_requests=SLOTS)
     ref = LLM(tiny, attention_backend="torch", gdn_backend="torch", moe_backend="torch", **common)
     ours = LLM(tiny, **KERNELS, **common)
     want = [r.token_ids for r in ref.generate(_prompts(), _greedy())]
@@ -57,7 +61,7 @@ def test_mixed_steps_match_torch(tiny: str) -> None:
     """A small prefill budget splits the prompts into chunks that run beside decoding requests:
     mixed steps, whose leading decode rows take the decode kernels (Triton: the GDN decode and the
     split-KV attention; the chunk the varlen kernels), must give the torch backends' tokens."""
-    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024)
+    common = dict(device="cuda", dtype="float32", page_size=16, context_length=1024, max_running_requests=SLOTS)
     llms = [LLM(tiny, attention_backend="torch", gdn_backend="torch", moe_backend="torch", **common),
             LLM(tiny, **KERNELS, **common)]
     tokens = []
