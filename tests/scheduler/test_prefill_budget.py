@@ -16,23 +16,26 @@ PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
 @pytest.mark.parametrize(
-    "decodes, requests, per_request, expected",
+    "decodes, prefilling, requests, per_request, expected",
     [
-        (0, 300, 16, 16384),  # nothing decodes: the whole step budget
-        (1, 1, 16, 1024),  # a few requests keep one chunk
-        (32, 64, 16, 1024),  # 64 x 16 is one chunk
-        (16, 200, 16, 3200),  # a burst beside a few decodes
-        (512, 512, 16, 8192),
-        (512, 2000, 16, 16384),  # never above --max-prefill-tokens
-        (512, 512, 0, 1024),  # 0: one chunk always
+        (0, 300, 300, 16, 16384),  # nothing decodes: the whole step budget
+        (1, 0, 1, 16, 1024),  # a few requests keep one chunk
+        (32, 2, 64, 16, 1024),  # 64 x 16 is one chunk; 2 prompts beside 32 decodes: a chunk
+        (100, 199, 300, 16, 4800),  # 300 requests x 16
+        (16, 184, 200, 16, 11776),  # 184 prompts beside 16 decodes: 11.5 chunks
+        (4, 57, 61, 16, 14592),  # 57 long prompts beside 4 decodes
+        (512, 512, 1024, 16, 16384),  # never above --max-prefill-tokens
+        (512, 512, 512, 0, 1024),  # a prompt per decode and no per-request share: one chunk
     ],
 )
-def test_budget_grows_with_the_requests(decodes: int, requests: int, per_request: int, expected: int) -> None:
-    assert step_prefill_budget(decodes, requests, 1024, per_request, 16384) == expected
+def test_budget_weighs_prompts_against_decodes(
+    decodes: int, prefilling: int, requests: int, per_request: int, expected: int
+) -> None:
+    assert step_prefill_budget(decodes, prefilling, requests, 1024, per_request, 16384) == expected
 
 
 def test_a_chunk_above_the_step_budget_is_capped() -> None:
-    assert step_prefill_budget(3, 3, 1024, 16, 512) == 512
+    assert step_prefill_budget(3, 3, 3, 1024, 16, 512) == 512
 
 
 class _Pool:
@@ -56,13 +59,19 @@ def _decoding(i: int) -> Request:
     return r
 
 
-@pytest.mark.parametrize("decodes, waiting, prefill", [(0, 4, 400), (4, 4, 100), (4, 16, 200), (20, 12, 300)])
+@pytest.mark.parametrize(
+    "decodes, waiting, prefill",
+    [(0, 4, 400), (4, 2, 100), (20, 12, 160), (20, 40, 300), (2, 6, 300), (4, 16, 300)],
+)
 def test_plan_batch_takes_the_budget_beside_decodes(decodes: int, waiting: int, prefill: int) -> None:
-    """chunk 100, 10 tokens a request, step budget 300 (400 without decodes); prompts of 150 tokens."""
+    """chunk 100, 5 tokens a request, step budget 300 (400 without decodes); prompts of 150 tokens.
+    (4, 2): one chunk; (20, 12): 32 requests x 5 = 160, a chunk and 60 tokens of the next prompt;
+    (20, 40): 60 x 5 = 300; (2, 6): 6 prompts beside 2 decodes, 3 chunks; (4, 16): 4 chunks,
+    capped at 300."""
     running = [_decoding(i) for i in range(decodes)]
     queue = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(waiting))
     items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=300 if decodes else 400,
-                       per_request=10)
+                       per_request=5)
     assert sum(n for r, n in items if r.rid.startswith("d")) == decodes
     chunks = [n for r, n in items if r.rid.startswith("w")]
     assert sum(chunks) == prefill

@@ -37,7 +37,6 @@ from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
 from minisgl.kvcache.planner import GIB, MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolPlan, plan_pool
 from minisgl.parallel.collectives import max_over_ranks
-from minisgl.prefill_budget import step_prefill_budget
 from minisgl.parallel.config import ParallelConfig
 from minisgl.sampling_params import SamplingParams
 
@@ -110,15 +109,15 @@ class DevicePreparation:
         forward: Callable[[ForwardBatch], torch.Tensor],
     ) -> None:
         """Step 3, on the real pool (`rows` slots, `max_len` tokens, decode graphs up to `graph_top`
-        rows): what the scratch pool could not show (decodes beside a chunk, and beside the most prompt
-        tokens a step may take with them, at the planned number of rows; decode sizes the graphs do not cover) and the largest prefill step again; the scratch
-        pool's table was as wide, so the other shapes compile nothing new."""
+        rows): what the scratch pool could not show (decodes beside a chunk, and beside the most
+        prompt tokens a step may take with them, at the planned number of rows; decode sizes the
+        graphs do not cover) and the largest prefill step again; the scratch pool's table was as
+        wide, so the other shapes compile nothing new."""
         started, compiles = time.monotonic(), compile_watch.compile_count()
         chunk = plan.args.chunked_prefill_size
-        # The most prompt tokens beside `rows` decodes: every slot decoding, as many requests waiting.
-        beside = step_prefill_budget(rows, 2 * rows, chunk, plan.args.prefill_tokens_per_request,
-                                     self.max_prefill_tokens)
-        shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)] + mixed_shapes(rows, chunk, max_len, beside)
+        # Beside decodes a step may take up to the whole prefill budget too (prefill_budget.py).
+        shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)]
+                  + mixed_shapes(rows, chunk, max_len, self.max_prefill_tokens)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
         run = _runner(plan, make_batch, forward)
         self.final_peak_bytes = _peak(lambda: run(shapes))

@@ -135,11 +135,13 @@ def plan_batch(
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
     most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
     their pages and a slot. The step's prompt tokens are at most prefill_budget, and while requests
-    decode at most what step_prefill_budget allows beside them (per_request tokens for each request
-    running or waiting, at least one chunk): with few requests a decode waits behind one chunk,
-    which bounds the inter-token latency, and a crowd is admitted as fast as the GPU prefills."""
+    decode at most what step_prefill_budget allows beside them: one chunk with few requests, which
+    bounds the inter-token latency, more when many requests are present or prompts outnumber the
+    decodes, so a crowd or a queue of long prompts is prefilled as fast as the GPU can."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
-    budget = step_prefill_budget(len(items), len(running) + len(waiting), chunk_size, per_request, prefill_budget)
+    prefilling = len(waiting) + sum(not r.prefill_done for r in running)
+    budget = step_prefill_budget(len(items), prefilling, len(running) + len(waiting), chunk_size, per_request,
+                                 prefill_budget)
     logprob_budget = PROMPT_LOGPROB_TOKENS
 
     def chunk_len(r: Request) -> int:
