@@ -13,9 +13,8 @@ Tolerances, as max |err| / max |ref| over the [T, H] output:
   ~2e4 of 1e6 elements at T=900, E=6, I=384). One step is 1/16-1/8 of an element, and moves the
   output by p * step * W_down[:, i]. The steps point both ways: in that model (40 draws at T=900
   and 300 with H=320, I=384 and T=33 with H=192, I=96; 13- and 12-bit sums) the error stayed under
-  this bound every time, at most
-  2.8e-2 of max |ref| against bounds of 3.5-6.6e-2; the H200 measured 2.41e-2 at T=900, where the
-  old flat 2e-2 ignored the steps. The same data go through every path, and on the interpreter
+  this bound every time, at most 2.8e-2 of max |ref| against bounds of 3.5-6.6e-2; the H200
+  measured 2.41e-2 at T=900, where the old flat 2e-2 ignored the steps. The same data go through every path, and on the interpreter
   (exact products, the GPU's roundings) every path's output was bit for bit the same.
 - FP8 PLAIN 8e-2 against bf16 activations on the dequantised weights: two FP8 activation
   roundings in series (about 2.5% rms each, see test_fp8_linear.py).
