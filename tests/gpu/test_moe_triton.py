@@ -14,8 +14,9 @@ Tolerances, as max |err| / max |ref| over the [T, H] output:
   output by p * step * W_down[:, i]. The steps point both ways: in that model (40 draws at T=900
   and 300 with H=320, I=384 and T=33 with H=192, I=96; 13- and 12-bit sums) the error stayed under
   this bound every time, at most 2.8e-2 of max |ref| against bounds of 3.5-6.6e-2; the H200
-  measured 2.41e-2 at T=900, where the old flat 2e-2 ignored the steps. The same data go through every path, and on the interpreter
-  (exact products, the GPU's roundings) every path's output was bit for bit the same.
+  measured 2.41e-2 at T=900, where the old flat 2e-2 ignored the steps. The same data go through
+  every path, and on the interpreter (exact products, the GPU's roundings) every path's output was
+  bit for bit the same.
 - FP8 PLAIN 8e-2 against bf16 activations on the dequantised weights: two FP8 activation
   roundings in series (about 2.5% rms each, see test_fp8_linear.py).
 - BF16 2e-2 against fp32 torch on the same bf16 weights: h and the output are rounded to bf16.
