@@ -52,15 +52,20 @@ def tile_dot(x, w, x_scale, ws_ptrs, ws_first, n_ok, kb, FP8: tl.constexpr, TOKE
              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One K step's product of token rows x and weight rows w, rescaled. When BLOCK_N divides the
     128-row weight block, the tile's rows share one block scale: one scalar, applied per token
-    rather than per output element (the same fp32 products, in fewer instructions and registers)."""
+    rather than per output element (the same fp32 products, in fewer instructions and registers).
+    One return: Triton's code generator also types the returns that follow a constexpr `if` holding
+    one, and the two orientations' products have different shapes."""
     if FP8 and BLOCK_K % BLOCK_N == 0:
         w_scale = tl.load(ws_first + kb)
         if TOKENS_WIDE:
-            return tl.dot(x, tl.trans(w)) * (x_scale * w_scale)[:, None]
-        return tl.dot(w, tl.trans(x)) * (x_scale * w_scale)[None, :]
-    if TOKENS_WIDE:
-        return scaled_dot(x, w, x_scale, load_scale(ws_ptrs + kb, n_ok, FP8), FP8)
-    return scaled_dot(w, x, load_scale(ws_ptrs + kb, n_ok, FP8), x_scale, FP8)
+            product = tl.dot(x, tl.trans(w)) * (x_scale * w_scale)[:, None]
+        else:
+            product = tl.dot(w, tl.trans(x)) * (x_scale * w_scale)[None, :]
+    elif TOKENS_WIDE:
+        product = scaled_dot(x, w, x_scale, load_scale(ws_ptrs + kb, n_ok, FP8), FP8)
+    else:
+        product = scaled_dot(w, x, load_scale(ws_ptrs + kb, n_ok, FP8), x_scale, FP8)
+    return product
 
 
 @triton.jit
@@ -100,8 +105,8 @@ def down_sums(acc, h_ptr, hs_ptr, pos, stride_hm, stride_hsm, stride_hsk, w_ptrs
     for kb in range(tl.cdiv(K, BLOCK_K)):
         k_left = K - kb * BLOCK_K
         h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
         w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
+        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
         acc += tile_dot(h, w, hs, ws_ptrs, ws_first, n_ok, kb, FP8, TOKENS_WIDE, BLOCK_N, BLOCK_K)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K

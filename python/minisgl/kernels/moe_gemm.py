@@ -99,6 +99,7 @@ class MoeRegime:
 
 
 _DECODE = MoeTile(64, 4, 4)
+NARROW_BLOCK_N = 32  # decode's tiles where block_n 64 would leave SMs idle (see _tile)
 # Prefill: the large-M kernels at 64-row blocks, gate_up 64 / down 128 columns, 4 warps: the fastest
 # candidate of bench_prefill.py --moe-only at 4K and 16K tokens on the 122B shapes, 1.22-1.29x the
 # tokens-narrow kernels at 128-row blocks (docs/benchmarks.md, "Calls 3 and 4"). From 128 rows
@@ -135,7 +136,7 @@ def _tile(tile: MoeTile, n: int, g: ExpertGrouping, operand_bytes: int, weight_t
     `weight_tiles` [BLOCK_N, 128] weight tiles of `operand_bytes` each (BF16 and fp32 test models
     hold 2-4x FP8's bytes)."""
     if not tile.large_m and g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
-        tile = replace(tile, block_n=32)  # decode: narrower tiles rather than idle SMs
+        tile = replace(tile, block_n=NARROW_BLOCK_N)  # decode: narrower tiles rather than idle SMs
     tile = replace(tile, **override)
     stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
     return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))
