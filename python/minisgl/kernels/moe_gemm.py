@@ -22,23 +22,11 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8_gemm import load_k_tile, load_scale, num_sms, scaled_dot
+from minisgl.kernels.fp8_gemm import num_sms
 from minisgl.kernels.fp8_quant import GROUP, quantize_activations
 from minisgl.kernels.moe_align import ExpertGrouping
-from minisgl.kernels.moe_blocks import MoeTile, block_rows, expert_tiles
+from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 from minisgl.kernels.moe_gemm_large import down_large, fuses_quantisation, gate_up_large
-
-
-@triton.jit
-def _expert_dot(w, x, s_ptrs, s_first, n_ok, x_scale, kb,
-                FP8: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K step's [BLOCK_N, BLOCK_M] product. When BLOCK_N divides the 128-row weight block, the
-    tile's rows share one block scale: one scalar, applied per token rather than per output
-    element (the same fp32 products, in fewer instructions and registers)."""
-    if FP8 and BLOCK_K % BLOCK_N == 0:
-        w_scale = tl.load(s_first + kb)
-        return tl.dot(w, tl.trans(x)) * (x_scale * w_scale)[None, :]
-    return scaled_dot(w, x, load_scale(s_ptrs + kb, n_ok, FP8), x_scale, FP8)
 
 
 @triton.jit(do_not_specialize=["stride_xsk"])
@@ -55,25 +43,11 @@ def _moe_gate_up_kernel(
     g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
         w_ptr, s_ptr, expert, tl.program_id(0), stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
     )
-    u_ptrs = g_ptrs + inter * stride_wn
-    us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
-    us_first = gs_first + UP_SCALE_ROW * stride_sn
-    token = (pair // top_k).to(tl.int64)
-    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    xs_ptrs = xs_ptr + token * stride_xsm
-    acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
-        x = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        xs = load_scale(xs_ptrs + kb * stride_xsk, real, FP8)
-        g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc_g += _expert_dot(g, x, gs_ptrs, gs_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
-        acc_u += _expert_dot(u, x, us_ptrs, us_first, n_ok, xs, kb, FP8, BLOCK_N, BLOCK_K)
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+    acc_g, acc_u = gate_up_sums(
+        tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32),
+        x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, g_ptrs, gs_ptrs, gs_first, inter,
+        stride_wn, stride_sn, real, n_ok, K, UP_SCALE_ROW, FP8, False, BLOCK_N, BLOCK_K, EVEN_K,
+    )
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     h_ptrs = h_ptr + pos[None, :].to(tl.int64) * stride_hm + rn[:, None]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=n_ok[:, None] & real[None, :])
@@ -92,17 +66,8 @@ def _moe_down_kernel(
         return
     w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(w_ptr, s_ptr, expert, tl.program_id(0), stride_we, stride_wn,
                                                      stride_se, stride_sn, N, BLOCK_N, BLOCK_K)
-    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
-    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
-        h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
-        acc += _expert_dot(w, h, s_ptrs, s_first, n_ok, hs, kb, FP8, BLOCK_N, BLOCK_K)
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    acc = down_sums(tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32), h_ptr, hs_ptr, pos, stride_hm, stride_hsm, stride_hsk,
+                    w_ptrs, s_ptrs, s_first, real, n_ok, K, FP8, False, BLOCK_N, BLOCK_K, EVEN_K)
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + pair[None, :].to(tl.int64) * stride_ym + rn[:, None]
     tl.store(y_ptrs, (acc * p[None, :]).to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & real[None, :])
@@ -134,12 +99,13 @@ class MoeRegime:
 
 
 _DECODE = MoeTile(64, 4, 4)
-_PREFILL = MoeRegime(128, MoeTile(64, 8, 3), MoeTile(128, 8, 3))
-# By rows_bucket (mean pairs per local expert). 16-64 are decode's, measured (bench_moe.py --sweep;
-# block_n 64, or 32 when 64 leaves SMs idle): the tokens on the MMA's narrow side. From 128 on,
-# prefill: until the large-M kernels (kernels/moe_gemm_large.py) are measured on the device
-# (bench_prefill.py --moe-only compares every candidate; its "regime" rows say which one each
-# bucket should take), the tokens-narrow kernels with 128-row blocks and 8 warps, as before.
+NARROW_BLOCK_N = 32  # decode's tiles where block_n 64 would leave SMs idle (see _tile)
+# Prefill: the large-M kernels at 64-row blocks, gate_up 64 / down 128 columns, 4 warps: the fastest
+# candidate of bench_prefill.py --moe-only at 4K and 16K tokens on the 122B shapes, 1.22-1.29x the
+# tokens-narrow kernels at 128-row blocks (docs/benchmarks.md, "Calls 3 and 4"). From 128 rows
+# per expert on; 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64
+# leaves SMs idle): the tokens on the MMA's narrow side.
+_PREFILL = MoeRegime(64, MoeTile(64, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True))
 REGIMES = {
     16: MoeRegime(16, _DECODE, _DECODE),
     32: MoeRegime(32, _DECODE, _DECODE),
@@ -170,7 +136,7 @@ def _tile(tile: MoeTile, n: int, g: ExpertGrouping, operand_bytes: int, weight_t
     `weight_tiles` [BLOCK_N, 128] weight tiles of `operand_bytes` each (BF16 and fp32 test models
     hold 2-4x FP8's bytes)."""
     if not tile.large_m and g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
-        tile = replace(tile, block_n=32)  # decode: narrower tiles rather than idle SMs
+        tile = replace(tile, block_n=NARROW_BLOCK_N)  # decode: narrower tiles rather than idle SMs
     tile = replace(tile, **override)
     stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
     return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))

@@ -20,10 +20,9 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8_format import FP8_MAX
-from minisgl.kernels.fp8_gemm import load_k_tile, load_scale, scaled_dot
 from minisgl.kernels.fp8_quant import GROUP, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
-from minisgl.kernels.moe_blocks import MoeTile, block_rows, expert_tiles
+from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
 
@@ -39,12 +38,17 @@ def _grouped_program(num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _tokens_dot(x, w, x_scale, ws_ptrs, ws_first, n_ok, kb, FP8: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One K step's [BLOCK_M, BLOCK_N] product of token rows x and weight rows w, rescaled."""
-    if FP8 and BLOCK_K % BLOCK_N == 0:  # the tile's weight rows share one block scale
-        return tl.dot(x, tl.trans(w)) * (x_scale * tl.load(ws_first + kb))[:, None]
-    return scaled_dot(x, w, x_scale, load_scale(ws_ptrs + kb, n_ok, FP8), FP8)
+def _program_tiles(rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, N,
+                   stride_we, stride_wn, stride_se, stride_sn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's weight tile index, its block of grouped rows (moe_blocks.block_rows) and its
+    expert's weight tile (moe_blocks.expert_tiles), in grouped order."""
+    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(
+        w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, N, BLOCK_N, BLOCK_K
+    )
+    return pid_n, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok
 
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
@@ -57,32 +61,17 @@ def _moe_gate_up_large_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
-    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
+        rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, inter,
+        stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )
     if expert < 0:
         return
-    g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
-        w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
+    acc_g, acc_u = gate_up_sums(
+        tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+        x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, g_ptrs, gs_ptrs, gs_first, inter,
+        stride_wn, stride_sn, real, n_ok, K, UP_SCALE_ROW, FP8, True, BLOCK_N, BLOCK_K, EVEN_K,
     )
-    u_ptrs = g_ptrs + inter * stride_wn
-    us_ptrs = gs_ptrs + UP_SCALE_ROW * stride_sn  # up's scale rows follow gate's ceil(I/128)
-    us_first = gs_first + UP_SCALE_ROW * stride_sn
-    token = (pair // top_k).to(tl.int64)
-    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    xs_ptrs = xs_ptr + token * stride_xsm
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
-        x = load_k_tile(x_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        xs = load_scale(xs_ptrs + kb * stride_xsk, real, FP8)
-        g = load_k_tile(g_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        u = load_k_tile(u_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc_g += _tokens_dot(x, g, xs, gs_ptrs, gs_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
-        acc_u += _tokens_dot(x, u, xs, us_ptrs, us_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
-        x_ptrs += BLOCK_K
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + rn[None, :]
     ok = real[:, None] & n_ok[None, :]
@@ -104,24 +93,14 @@ def _moe_down_large_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
-    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    _, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok = _program_tiles(
+        rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, N,
+        stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+    )
     if expert < 0:
         return
-    w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(
-        w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, N, BLOCK_N, BLOCK_K
-    )
-    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
-    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
-        k_left = K - kb * BLOCK_K
-        h = load_k_tile(h_ptrs, real, k_left, BLOCK_K, EVEN_K)
-        hs = load_scale(hs_ptrs + kb * stride_hsk, real, FP8)
-        w = load_k_tile(w_ptrs, n_ok, k_left, BLOCK_K, EVEN_K)
-        acc += _tokens_dot(h, w, hs, s_ptrs, s_first, n_ok, kb, FP8, BLOCK_N, BLOCK_K)
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    acc = down_sums(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), h_ptr, hs_ptr, pos, stride_hm, stride_hsm, stride_hsk,
+                    w_ptrs, s_ptrs, s_first, real, n_ok, K, FP8, True, BLOCK_N, BLOCK_K, EVEN_K)
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + pair[:, None].to(tl.int64) * stride_ym + rn[None, :]
     tl.store(y_ptrs, (acc * p[:, None]).to(y_ptr.dtype.element_ty), mask=real[:, None] & n_ok[None, :])
