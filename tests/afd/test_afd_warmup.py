@@ -18,7 +18,7 @@ from minisgl.afd.buckets import decode_graph_buckets
 from minisgl.afd.coordinator import Coordinator
 from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.protocol import ATTN, AgPlan, EgPlan, WarmupStep, WorkerSpec
-from minisgl.afd.warmup import warmup_steps
+from minisgl.afd.warmup import wanted, warmup_steps
 from minisgl.afd.worker import worker_main
 from minisgl.afd.worker_group import WorkerFailure, WorkerGroup
 from minisgl.engine.args import EngineArgs
@@ -37,6 +37,11 @@ def _plan(path: str, **kwargs):
 
 def _tokens(mbs) -> list[int]:
     return [n for mb in mbs for n in mb.extend]
+
+
+def test_warmup_is_on_where_kernels_compile_unless_asked() -> None:
+    assert wanted("auto", ["cuda:0", "cuda:1"]) and not wanted("auto", ["cpu", "cpu"])
+    assert wanted("on", ["cpu"]) and not wanted("off", ["cuda:0"])
 
 
 @pytest.mark.parametrize("graphs,num_mb,how,max_bs", [(False, 1, "count", None), (False, 2, "context", None),
@@ -94,7 +99,7 @@ def test_warmup_runs_in_lock_step_and_leaves_the_pools_empty(tiny_checkpoints, m
 
     monkeypatch.setattr(WorkerGroup, "send", record)
     plan = _plan(tiny_checkpoints["bf16"])
-    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=num_mb, graph_buckets=graphs)
+    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=num_mb, graph_buckets=graphs, warmup="on")
     coord = Coordinator(plan, afd)
     try:
         report = coord.warmup
@@ -147,7 +152,7 @@ def test_worker_failing_warmup_fails_the_start_with_its_reason(tiny_checkpoints,
     launcher = launch.LocalLauncher()
     start = time.monotonic()
     with pytest.raises(WorkerFailure) as failure:
-        Coordinator(_plan(tiny_checkpoints["bf16"]), AfdArgs(attn_workers=1, expert_workers=2, num_mb=2),
+        Coordinator(_plan(tiny_checkpoints["bf16"]), AfdArgs(attn_workers=1, expert_workers=2, num_mb=2, warmup="on"),
                     launcher=launcher)
     took = time.monotonic() - start
     message = str(failure.value)

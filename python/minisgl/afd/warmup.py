@@ -22,12 +22,19 @@ from minisgl.engine.warmup import StepShape, decode_shapes, mixed_shapes, prefil
 from minisgl.prefill_budget import step_prefill_budget
 
 
+def wanted(mode: str, devices: list[str]) -> bool:
+    """--afd-warmup: auto warms up where kernels compile and memory is measured, on GPUs."""
+    return mode == "on" or (mode == "auto" and any(d.startswith("cuda") for d in devices))
+
+
 def lane_shapes(plan: EnginePlan, graph_buckets: tuple[int, ...], num_mb: int,
                 max_prefill_tokens: int) -> list[tuple[StepShape, bool]]:
     """(a lane's step, whether it is a decode step) for every shape class the coordinator can plan.
-    A lane's step holds at most a chunk for each of its slots, so its prompt tokens stop there."""
-    rows, chunk, max_len = plan.pool.max_running_requests, plan.args.chunked_prefill_size, plan.max_seq_len
-    top = min(max_prefill_tokens, rows * chunk)
+    A lane's step holds at most a chunk (of at most max_len - 1 tokens) for each of its slots, and
+    no more prompt tokens than its pages hold, so its prompt tokens stop there."""
+    pool, chunk, max_len = plan.pool, plan.args.chunked_prefill_size, plan.max_seq_len
+    rows = pool.max_running_requests
+    top = min(max_prefill_tokens, rows * min(chunk, max_len - 1), pool.usable_pages * pool.page_size)
     steps = [(s, False) for s in prefill_shapes(top, chunk, max_len)]
     if graph_buckets:  # a graph's shape per bucket; decodes beyond the largest run eagerly
         sizes = [b * num_mb for b in graph_buckets]

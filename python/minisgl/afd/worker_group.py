@@ -46,7 +46,7 @@ class WorkerGroup:
     start-up deadline."""
 
     def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
-        devices = launcher.devices(afd)
+        self.devices = devices = launcher.devices(afd)
         check_pinned_pool(plan, devices)
         self.launcher: Launcher | None = launcher
         self.zmq = zmq.Context.instance()
