@@ -52,7 +52,8 @@ def reference(tiny_checkpoints):
 def _run_afd(path: str, prompts, params, m: int, n: int, mb: int, k: int, sent: list | None = None, **kwargs):
     """kwargs: graph_buckets, cuda_graph_max_bs. sent: gets every plan the workers were sent."""
     graphs = kwargs.pop("graph_buckets", False)
-    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=mb, async_pending_steps=k, graph_buckets=graphs)
+    afd = AfdArgs(attn_workers=m, expert_workers=n, num_mb=mb, async_pending_steps=k, graph_buckets=graphs,
+                  warmup="on")  # the tokens after the lock-step warm-up are the colocated engine's
     with LLM(path, afd=afd, **ENGINE, **kwargs) as llm:
         if sent is not None:
             send = llm.scheduler.workers.send

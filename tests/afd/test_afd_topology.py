@@ -37,6 +37,7 @@ def test_expert_plan_rejects_uneven_split() -> None:
         ({"expert_workers": 0}, "--afd-expert-workers"),
         ({"dispatch_dtype": "int4"}, "--afd-dispatch-dtype"),
         ({"attn_tp_size": 0}, "--afd-attn-tp-size"),
+        ({"warmup": "maybe"}, "--afd-warmup"),
     ],
 )
 def test_bad_afd_args(kwargs, match) -> None:

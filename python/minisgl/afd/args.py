@@ -8,6 +8,7 @@ from minisgl.arg_field import arg
 
 LAUNCHERS = ("local", "ray")
 DISPATCH_DTYPES = ("bf16", "fp8")
+WARMUPS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class AfdArgs:
     graph_buckets: bool = arg(False, "plan decode steps in decode-graph buckets (decode-only steps, every "
                                      "micro-batch padded to a bucket); the workers capture no graphs yet, so "
                                      "these steps run eagerly")
+    # Off on the CPU by default: nothing compiles there and no planner measures, and the steps up to
+    # the largest prefill cost seconds; the CPU tests turn it on to check the lock step over gloo.
+    warmup: str = arg("auto", "lock-step warm-up of every step shape through every worker before ready: auto (on "
+                              "GPUs, off on the CPU), on or off", WARMUPS)
 
     def __post_init__(self) -> None:
         if self.attn_workers < 1:
@@ -58,6 +63,8 @@ class AfdArgs:
             raise ValueError(f"--afd-mb-split must be one of {MB_SPLITS}, got {self.mb_split!r}")
         if self.layer_timing_dir is not None and not self.layer_timing_dir.strip():
             raise ValueError("--afd-layer-timing-dir must be a directory path (leave it unset to turn timing off)")
+        if self.warmup not in WARMUPS:
+            raise ValueError(f"--afd-warmup must be one of {WARMUPS}, got {self.warmup!r}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"--afd-step-timeout-s must be > 0, got {self.step_timeout_s}")
 

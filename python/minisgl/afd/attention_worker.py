@@ -14,12 +14,13 @@ import torch
 from minisgl.afd.buckets import check_graph_bucket, decode_graph_buckets
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
-from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WorkerSpec
+from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WarmupStep, WorkerSpec
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
 from minisgl.afd.transport import Transport
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
+from minisgl.engine.warmup import StepShape, shape_batch, warmup_params
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
 from minisgl.kvcache.allocator import DUMMY_SLOT
@@ -36,6 +37,12 @@ class Launched:
     marks: StepMarks | None = None
 
 
+def _padded(shape: StepShape, rows: int) -> StepShape:
+    """Padded to `rows` requests with decodes at position 0, as _batch pads a graph step's micro-batch."""
+    pad = rows - len(shape.extend)
+    return StepShape(shape.extend + (1,) * pad, shape.prefix + (0,) * pad)
+
+
 class AttentionWorker:
     def __init__(self, spec: WorkerSpec, lane: ParallelConfig = SINGLE) -> None:
         self.name = spec.name
@@ -47,6 +54,7 @@ class AttentionWorker:
         self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
         plan = replace(plan, cuda_graphs=False)
         config, device = plan.config, plan.device
+        self.device = device
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
         self.transport = Transport(
             spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
@@ -171,6 +179,28 @@ class AttentionWorker:
         if marks is not None:
             marks.mark(-1, -1, "end")
         return Launched(plan.step, rids, sample, marks)
+
+    @torch.inference_mode()
+    def warm_up(self, step: WarmupStep) -> None:
+        """A step of the given shape on the dummy slot and page, as engine/warmup.py runs one, through
+        the same exchange as a real step; its logits go through a scratch sampler (both sampling
+        branches, with the logit adjustments), so no request's sampler, slot or page is touched."""
+        check_graph_bucket(step.step, step.bucket, step.use_graph, self.graph_buckets)
+        self.step_state.bucket = step.bucket
+        vocab = self.engine.config.vocab_size
+        shapes = [_padded(s, step.bucket) if step.use_graph else s for s in step.micro_batches]
+        logits = self._forward([shape_batch(s, self.engine.make_batch, vocab) if s.extend else None for s in shapes])
+        rows = [x for x in logits if x is not None]
+        if rows and self.lane.is_leader:
+            params = warmup_params()
+            sampler = Sampler(vocab, self.device, self.engine.config.eos_token_ids, len(params))
+            generator = torch.Generator(device=self.device).manual_seed(0)
+            for key, p in enumerate(params):
+                sampler.add(key, p, None if p.greedy else generator)
+            stacked = torch.cat(rows)
+            sampler.sample(stacked, [i % len(params) for i in range(stacked.shape[0])])
+        if step.last:
+            self.pool.check_integrity()  # no slot of the lane got a page
 
     def retire(self, launched: Launched) -> Reply:
         tokens = launched.sample.wait()

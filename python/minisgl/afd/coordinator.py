@@ -17,7 +17,7 @@ import logging
 import pickle
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.buckets import step_bucket
@@ -25,6 +25,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep
+from minisgl.afd.warmup import WarmupReport, wanted, warmup_steps
 from minisgl.afd.worker_group import WorkerFailure, WorkerGroup, describe_dead
 from minisgl.engine.plan import EnginePlan
 from minisgl.kvcache.allocator import PoolAllocator
@@ -110,6 +111,13 @@ class Coordinator:
         self.workers: WorkerGroup | None = None  # set once every worker is ready
         self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd))
         self.graph_buckets = self.workers.graph_buckets  # what every worker prepared
+        # Before ready: every shape class a step can take, through every worker in lock step.
+        self.warmup: WarmupReport | None = None
+        if wanted(afd.warmup, self.workers.devices):
+            self.warmup = self.workers.warm_up(warmup_steps(plan, afd, self.graph_buckets, self.prefill_budget))
+            logger.info("%s", self.warmup.describe())
+            self.info = replace(self.info, warmup_seconds=self.warmup.seconds,
+                                warmup_compiles=sum(self.warmup.compiles().values()))
         self._prefilled_last = False  # graph buckets: the kind of the last step, so the kinds alternate
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from minisgl.afd.buckets import check_graph_bucket, decode_graph_buckets
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
-from minisgl.afd.protocol import EgPlan, Reply, WorkerSpec
+from minisgl.afd.protocol import EgPlan, Reply, WarmupStep, WorkerSpec
 from minisgl.afd.transport import Transport
 from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
@@ -47,8 +47,21 @@ class ExpertWorker:
 
     @torch.inference_mode()
     def launch(self, plan: EgPlan) -> Launched:
-        check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
         marks = None if self.timer is None else self.timer.start(plan.step, decode=plan.phase == "decode")
+        self._exchange(plan, marks)
+        done = None
+        if self.device.type == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+        return Launched(plan.step, done, marks)
+
+    @torch.inference_mode()
+    def warm_up(self, step: WarmupStep) -> None:
+        """The step's exchanges, as for a real step of its shape (routing travels with the data)."""
+        self._exchange(EgPlan(step.step, step.num_mb, step.bucket, step.phase, step.use_graph), None)
+
+    def _exchange(self, plan: EgPlan, marks: StepMarks | None) -> None:
+        check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
         order = [(layer, mb) for layer in range(self.num_layers) for mb in range(plan.num_mb)]
         sends: dict[int, list] = {}
         nxt = self.transport.post_receive(0, plan.bucket)
@@ -71,11 +84,6 @@ class ExpertWorker:
                 w.wait()
         if marks is not None:
             marks.mark(-1, -1, "end")
-        done = None
-        if self.device.type == "cuda":
-            done = torch.cuda.Event()
-            done.record()
-        return Launched(plan.step, done, marks)
 
     def retire(self, launched: Launched) -> Reply:
         if launched.done is not None:

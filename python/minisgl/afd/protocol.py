@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.plan import EnginePlan
+from minisgl.engine.warmup import StepShape
 from minisgl.sampling_params import SamplingParams
 
 ATTN, EXPERT = "attn", "expert"  # WorkerSpec.role
@@ -139,6 +140,46 @@ class EgPlan:
             raise ValueError(f"step {self.step}: unknown phase {self.phase!r}")
         if self.use_graph and self.phase != "decode":
             raise ValueError(f"step {self.step}: a graph step holds decodes only, not a {self.phase} phase")
+
+
+@dataclass(frozen=True)
+class WarmupStep:
+    """A step before the coordinator reports ready, sent alike to every worker (each lane's ranks
+    and every expert worker), in the same order: each lane runs `micro_batches` on the dummy state
+    slot and page only, and the exchange runs at `bucket` (and `use_graph`) as a real step of that
+    shape would. An empty shape is an idle micro-batch (a graph step pads it, as a real one does)."""
+
+    step: int  # warm-up steps count from 0; real steps are numbered apart
+    bucket: int
+    use_graph: bool
+    phase: str  # "prefill" or "decode", as EgPlan
+    micro_batches: tuple[StepShape, ...]
+    last: bool = False  # the warm-up's last step: an attention worker checks its pool is still empty
+
+    def __post_init__(self) -> None:
+        EgPlan(self.step, self.num_mb, self.bucket, self.phase, self.use_graph)  # the same rules
+        for shape in self.micro_batches:
+            if len(shape.extend) != len(shape.prefix) or any(n < 1 for n in shape.extend):
+                raise ValueError(f"warm-up step {self.step}: bad micro-batch {shape}")
+            if shape.num_tokens > self.bucket or (self.use_graph and any(n != 1 for n in shape.extend)):
+                raise ValueError(f"warm-up step {self.step}: micro-batch {shape} does not fit bucket {self.bucket} "
+                                 f"(graph: {self.use_graph})")
+
+    @property
+    def num_mb(self) -> int:
+        return len(self.micro_batches)
+
+
+@dataclass(frozen=True)
+class WarmupReply:
+    """A worker's answer to a warm-up step: what the step cost it, for a planner of the attention
+    workers' pools. peak_bytes: device memory allocated at the step's peak beyond what was allocated
+    before it (None off CUDA); compiles: Triton compiles and autotuning runs during the step."""
+
+    step: int
+    worker: str
+    peak_bytes: int | None
+    compiles: int
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.step_profiler import StepProfiler
-from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WorkerFailed, WorkerSpec
+from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
+from minisgl.engine import compile_watch
 from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
@@ -29,11 +30,16 @@ _IDLE_POLL_MS = 500
 
 
 class StepRunner(Protocol):
+    name: str
+    device: torch.device
     graph_buckets: tuple[int, ...]  # the decode buckets it prepared
 
     def launch(self, plan: Any) -> Any: ...
 
     def retire(self, launched: Any) -> Reply: ...
+
+    def warm_up(self, step: WarmupStep) -> None:
+        """Run the step to its end, touching only scratch state no request owns."""
 
 
 class ControlChannel:
@@ -54,10 +60,30 @@ class ControlChannel:
         self.replies.send(pickle.dumps(msg))
 
 
+def warm_up(runner: StepRunner, step: WarmupStep) -> WarmupReply:
+    """Run a warm-up step and measure it: the Triton compiles it caused and, on CUDA, the most it
+    allocated beyond what was allocated before it (what a planner must leave free beside the pool)."""
+    cuda = runner.device.type == "cuda"
+    if cuda:
+        compile_watch.install()
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    compiles = compile_watch.compile_count()
+    with compile_watch.warming_up():
+        runner.warm_up(step)
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    return WarmupReply(step.step, runner.name, peak, compile_watch.compile_count() - compiles)
+
+
 def serve(
     runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int | None, profiler: StepProfiler | None = None
 ) -> None:
-    """Launch plans as they come; retire the oldest when `depth` are in flight, or when idle."""
+    """Launch plans as they come; retire the oldest when `depth` are in flight, or when idle. Warm-up
+    steps, which come before any plan, run to their end at once: each reply carries a measurement."""
     pending: deque = deque()
     while True:
         msg = chan.recv(0 if pending else _IDLE_POLL_MS)
@@ -74,6 +100,9 @@ def serve(
             if profiler is not None:
                 profiler.finish()
             return
+        if isinstance(msg, WarmupStep):
+            chan.send(warm_up(runner, msg))
+            continue
         if len(pending) >= depth:
             chan.send(runner.retire(pending.popleft()))
         if profiler is not None:

@@ -15,7 +15,8 @@ import zmq
 
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.launch import Launcher
-from minisgl.afd.protocol import ATTN, EXPERT, Ready, Shutdown, WorkerFailed, WorkerSpec
+from minisgl.afd.protocol import ATTN, EXPERT, Ready, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
+from minisgl.afd.warmup import WarmupReport
 from minisgl.engine.plan import EnginePlan
 
 logger = logging.getLogger(__name__)
@@ -30,10 +31,9 @@ class WorkerFailure(RuntimeError):
 
 
 def check_pinned_pool(plan: EnginePlan, devices: list[str]) -> None:
-    """On GPUs the flags must pin the attention workers' pools: the memory planner's warm-up steps
-    would go through the expert workers, which do not take part in a warm-up yet, so a worker's
-    pool is the flags' (every slot at the context length: at the model's 262,144 positions, more
-    than a GPU holds)."""
+    """On GPUs the flags must pin the attention workers' pools: no planner sizes them from what the
+    lock-step warm-up measures yet, so a worker's pool is the flags' (every slot at the context
+    length: at the model's 262,144 positions, more than a GPU holds)."""
     if plan.args.num_pages is None and any(d.startswith("cuda") for d in devices):
         raise ValueError("AFD on GPUs: the attention workers do not size their pools from measured memory yet; "
                          "pin them with --num-pages (with --max-running-requests and --context-length)")
@@ -42,10 +42,11 @@ def check_pinned_pool(plan: EnginePlan, devices: list[str]) -> None:
 class WorkerGroup:
     """Starts every worker (attention lanes' ranks first, then the expert workers) and returns once
     all have said they are ready with the same decode graph buckets: every rank must be able to
-    replay the shape of every graph step."""
+    replay the shape of every graph step. warm_up() then runs the warm-up steps, within the same
+    start-up deadline."""
 
     def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
-        devices = launcher.devices(afd)
+        self.devices = devices = launcher.devices(afd)
         check_pinned_pool(plan, devices)
         self.launcher: Launcher | None = launcher
         self.zmq = zmq.Context.instance()
@@ -75,7 +76,7 @@ class WorkerGroup:
         self.eg_names = [s.name for s in specs if s.role == EXPERT]
         launcher.start(specs)
         ready: dict[str, tuple[int, ...]] = {}  # worker -> the decode graph buckets it prepared
-        deadline = time.monotonic() + _START_TIMEOUT_S
+        self.start_deadline = deadline = time.monotonic() + _START_TIMEOUT_S
         try:
             while len(ready) < len(specs):
                 msg = self.recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready],
@@ -91,6 +92,29 @@ class WorkerGroup:
         self.graph_buckets: tuple[int, ...] = next(iter(ready.values()))
         logger.info("AFD: %d attention + %d expert workers ready; decode graph buckets %s",
                     afd.attn_workers, afd.expert_workers, list(self.graph_buckets) or "none")
+
+    def warm_up(self, steps: list[WarmupStep]) -> WarmupReport:
+        """Send every worker every warm-up step, in order, and gather each one's reply to each step.
+        The steps' collectives keep the workers in lock step; a worker that fails one fails the
+        start with its reason, and every worker is stopped."""
+        started = time.monotonic()
+        replies: dict[int, dict[str, WarmupReply]] = {step.step: {} for step in steps}
+        try:
+            for step in steps:
+                data = pickle.dumps(step)
+                for name in self.names:
+                    self.send(name, data)
+            for step in steps:
+                got = replies[step.step]
+                while len(got) < len(self.names):
+                    msg = self.recv(self.start_deadline, "in the warm-up",
+                                    lambda: [n for n in self.names if n not in got], with_reason=True)
+                    if isinstance(msg, WarmupReply):
+                        replies[msg.step][msg.worker] = msg
+        except BaseException:
+            self.close(graceful=False)
+            raise
+        return WarmupReport(len(steps), time.monotonic() - started, tuple(replies[step.step] for step in steps))
 
     @property
     def names(self) -> list[str]:
