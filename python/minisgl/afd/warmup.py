@@ -19,7 +19,6 @@ from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import WarmupReply, WarmupStep
 from minisgl.engine.plan import EnginePlan
 from minisgl.engine.warmup import StepShape, decode_shapes, mixed_shapes, prefill_shapes, size_ladder
-from minisgl.prefill_budget import step_prefill_budget
 
 
 def wanted(mode: str, devices: list[str]) -> bool:
@@ -41,8 +40,8 @@ def lane_shapes(plan: EnginePlan, graph_buckets: tuple[int, ...], num_mb: int,
         sizes += [n for n in size_ladder(rows) if math.ceil(n / num_mb) > graph_buckets[-1]]
         return steps + [(s, True) for s in decode_shapes(sizes, max_len)]
     steps += [(s, True) for s in decode_shapes(size_ladder(rows), max_len)]
-    beside = step_prefill_budget(rows, chunk, plan.args.prefill_tokens_per_decode, top)
-    return steps + [(s, False) for s in mixed_shapes(rows, chunk, max_len, beside)]
+    # Beside decodes a step may take the lane's whole prefill budget too (prefill_budget.py).
+    return steps + [(s, False) for s in mixed_shapes(rows, chunk, max_len, top)]
 
 
 def micro_batches(shape: StepShape, num_mb: int, how: str) -> tuple[StepShape, ...]:
