@@ -55,7 +55,7 @@ def test_warmup_steps_cover_every_step_kind(tiny_checkpoints, graphs, num_mb, ho
     assert [s.step for s in steps] == list(range(len(steps)))
     assert [s.last for s in steps] == [False] * (len(steps) - 1) + [True]
     rows, chunk = ENGINE["max_running_requests"], ENGINE["chunked_prefill_size"]
-    graph_buckets, lane_decodes, lane_prefill, mixed = set(), set(), set(), 0
+    graph_buckets, lane_decodes, lane_prefill, mixed, largest_mixed = set(), set(), set(), 0, 0
     for s in steps:
         assert s.num_mb == num_mb, s
         assert all(p + e <= ENGINE["context_length"] for mb in s.micro_batches for p, e in zip(mb.prefix, mb.extend))
@@ -72,6 +72,7 @@ def test_warmup_steps_cover_every_step_kind(tiny_checkpoints, graphs, num_mb, ho
             lane_decodes.add(len(reqs))
         elif any(e == 1 and p > 0 for e, p in reqs) and any(e > 1 for e, _ in reqs):  # decodes beside a chunk
             mixed += 1
+            largest_mixed = max(largest_mixed, sum(e for e, _ in reqs))
         else:
             lane_prefill.add(sum(e for e, _ in reqs))
     # Prefill up to the most a lane's step can hold (a chunk per slot), never beyond.
@@ -83,6 +84,8 @@ def test_warmup_steps_cover_every_step_kind(tiny_checkpoints, graphs, num_mb, ho
         assert mixed == 0
     else:
         assert set(range(1, rows + 1)) <= lane_decodes and mixed >= 2
+        # every slot decoding beside the lane's whole prefill budget (a chunk per slot)
+        assert largest_mixed == rows + rows * chunk
     if num_mb == 2:  # a one-request step leaves a micro-batch idle; its exchange still runs
         assert any(not mb.extend for s in steps for mb in s.micro_batches)
 

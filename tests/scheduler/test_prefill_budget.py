@@ -9,7 +9,7 @@ from minisgl.engine.args import EngineArgs
 from minisgl.prefill_budget import step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import plan_batch
+from minisgl.scheduler.rules import PROMPT_LOGPROB_TOKENS, plan_batch
 
 MAX_SEQ = 4096
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -81,3 +81,24 @@ def test_plan_batch_takes_the_budget_beside_decodes(decodes: int, waiting: int, 
 def test_negative_tokens_per_request_is_refused() -> None:
     with pytest.raises(ValueError, match="prefill_tokens_per_request must be >= 0"):
         EngineArgs(prefill_tokens_per_request=-1)
+
+
+def test_running_prompts_count_as_prefilling() -> None:
+    """2 decodes, 4 running prompts 50 tokens in, 2 waiting: 6 prompts per 2 decodes is 3 chunks,
+    all taken by the running prompts before anything is admitted."""
+    running = [_decoding(i) for i in range(2)]
+    for i in range(4):
+        r = Request(f"p{i}", list(range(3, 153)), PARAMS)
+        r.slot, r.num_computed = 10 + i, 50
+        running.append(r)
+    queue = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(2))
+    items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=1000, per_request=5)
+    assert [(r.rid, n) for r, n in items if n > 1] == [("p0", 100), ("p1", 100), ("p2", 100)]
+    assert len(queue) == 2
+
+
+def test_prompt_logprobs_keep_their_own_bound_beside_decodes() -> None:
+    scored = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=0)
+    queue = deque([Request("w", list(range(3, 403)), scored)])
+    items = plan_batch([_decoding(0)], queue, _Pool(), MAX_SEQ, chunk_size=1000, prefill_budget=2000, per_request=5)
+    assert [(r.rid, n) for r, n in items] == [("d0", 1), ("w", PROMPT_LOGPROB_TOKENS)]

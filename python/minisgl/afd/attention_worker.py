@@ -20,10 +20,10 @@ from minisgl.afd.transport import Transport
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
-from minisgl.engine.warmup import StepShape, shape_batch, warmup_params
+from minisgl.engine.warmup import StepShape, scratch_sample, shape_batch
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
-from minisgl.kvcache.allocator import DUMMY_SLOT
+from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT
 from minisgl.models.weights import WeightFilter
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -192,15 +192,12 @@ class AttentionWorker:
         logits = self._forward([shape_batch(s, self.engine.make_batch, vocab) if s.extend else None for s in shapes])
         rows = [x for x in logits if x is not None]
         if rows and self.lane.is_leader:
-            params = warmup_params()
-            sampler = Sampler(vocab, self.device, self.engine.config.eos_token_ids, len(params))
-            generator = torch.Generator(device=self.device).manual_seed(0)
-            for key, p in enumerate(params):
-                sampler.add(key, p, None if p.greedy else generator)
-            stacked = torch.cat(rows)
-            sampler.sample(stacked, [i % len(params) for i in range(stacked.shape[0])])
-        if step.last:
-            self.pool.check_integrity()  # no slot of the lane got a page
+            scratch_sample(torch.cat(rows), vocab, self.engine.config.eos_token_ids,
+                           torch.Generator(device=self.device).manual_seed(0))
+        if step.last:  # the steps wrote only the dummy slot and page: no table row holds a page
+            self.pool.check_integrity()
+            if bool((self.pool.page_table != DUMMY_PAGE).any()):
+                raise AssertionError("the warm-up left a page in the page table")
 
     def retire(self, launched: Launched) -> Reply:
         tokens = launched.sample.wait()

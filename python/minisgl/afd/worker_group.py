@@ -109,8 +109,9 @@ class WorkerGroup:
                 while len(got) < len(self.names):
                     msg = self.recv(self.start_deadline, "in the warm-up",
                                     lambda: [n for n in self.names if n not in got], with_reason=True)
-                    if isinstance(msg, WarmupReply):
-                        replies[msg.step][msg.worker] = msg
+                    if not isinstance(msg, WarmupReply) or msg.step not in replies:
+                        raise WorkerFailure(f"AFD warm-up: unexpected message from a worker: {msg!r:.200}")
+                    replies[msg.step][msg.worker] = msg
         except BaseException:
             self.close(graceful=False)
             raise

@@ -23,7 +23,6 @@ from torch import nn
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
 from minisgl.engine.plan import EnginePlan
-from minisgl.engine.sampler import Sampler
 from minisgl.engine.warmup import (
     StepShape,
     decode_shapes,
@@ -31,6 +30,7 @@ from minisgl.engine.warmup import (
     mixed_shapes,
     prefill_shapes,
     run_shape,
+    scratch_sample,
     size_ladder,
 )
 from minisgl.forward_batch import ForwardBatch
@@ -38,7 +38,6 @@ from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
 from minisgl.kvcache.planner import GIB, MAX_AUTO_RUNNING, MemoryBudget, PoolCosts, PoolPlan, plan_pool
 from minisgl.parallel.collectives import max_over_ranks
 from minisgl.parallel.config import ParallelConfig
-from minisgl.sampling_params import SamplingParams
 
 Run = Callable[[list[StepShape]], None]
 MakeBatch = Callable[[list[list[int]], list[int], list[int]], ForwardBatch]
@@ -66,13 +65,9 @@ def _runner(plan: EnginePlan, make_batch: MakeBatch, forward: Callable[[ForwardB
     config, device = plan.config, plan.device
     generator = torch.Generator(device=device).manual_seed(0)
 
-    def sample(logits: torch.Tensor, params: list[SamplingParams]) -> None:
-        if not sampled:
-            return
-        sampler = Sampler(config.vocab_size, device, config.eos_token_ids, len(params))
-        for key, p in enumerate(params):
-            sampler.add(key, p, None if p.greedy else generator)
-        sampler.sample(logits, list(range(len(params))))
+    def sample(logits: torch.Tensor) -> None:
+        if sampled:
+            scratch_sample(logits, config.vocab_size, config.eos_token_ids, generator)
 
     def run(shapes: list[StepShape]) -> None:
         with torch.inference_mode():
@@ -115,9 +110,11 @@ class DevicePreparation:
         wide, so the other shapes compile nothing new."""
         started, compiles = time.monotonic(), compile_watch.compile_count()
         chunk = plan.args.chunked_prefill_size
-        # Beside decodes a step may take up to the whole prefill budget too (prefill_budget.py).
+        # Beside decodes a step may take the whole prefill budget too (prefill_budget.py), as far as
+        # a chunk for each slot goes.
+        beside = min(self.max_prefill_tokens, rows * max(1, min(chunk, max_len - 1)))
         shapes = ([largest_prefill(self.max_prefill_tokens, chunk, max_len)]
-                  + mixed_shapes(rows, chunk, max_len, self.max_prefill_tokens)
+                  + mixed_shapes(rows, chunk, max_len, beside)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
         run = _runner(plan, make_batch, forward)
         self.final_peak_bytes = _peak(lambda: run(shapes))

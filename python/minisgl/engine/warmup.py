@@ -12,10 +12,11 @@ of two, and one token either side of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import torch
 
+from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.allocator import DUMMY_SLOT
 from minisgl.prefill_groups import GROUP_REQUESTS
@@ -115,13 +116,24 @@ def shape_batch(
     return make_batch(tokens, list(shape.prefix), [DUMMY_SLOT] * len(shape.extend))
 
 
+def scratch_sample(logits: torch.Tensor, vocab_size: int, eos_token_ids: Sequence[int],
+                   generator: torch.Generator) -> None:
+    """Sample every row of `logits` with a sampler of its own, a key per row taking the warm-up's
+    kinds in turn (each row holds its own adjustments and history, as a running request does), so
+    no request's sampler state is touched and the step's sampling buffers are those of its rows."""
+    kinds = warmup_params()
+    params = [kinds[i % len(kinds)] for i in range(logits.shape[0])]
+    sampler = Sampler(vocab_size, logits.device, eos_token_ids, len(params))
+    for key, p in enumerate(params):
+        sampler.add(key, p, None if p.greedy else generator)
+    sampler.sample(logits, list(range(len(params))))
+
+
 def run_shape(
     shape: StepShape,
     make_batch: Callable[[list[list[int]], list[int], list[int]], ForwardBatch],
     forward: Callable[[ForwardBatch], torch.Tensor],
-    sample: Callable[[torch.Tensor, list[SamplingParams]], object],
+    sample: Callable[[torch.Tensor], None],
     vocab_size: int,
 ) -> None:
-    logits = forward(shape_batch(shape, make_batch, vocab_size))
-    kinds = warmup_params()
-    sample(logits, [kinds[i % len(kinds)] for i in range(logits.shape[0])])
+    sample(forward(shape_batch(shape, make_batch, vocab_size)))
