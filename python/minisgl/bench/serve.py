@@ -16,6 +16,10 @@ from minisgl.bench.dataset import BenchRequest
 from minisgl.bench.report import RequestResult
 
 REQUEST_TIMEOUT = 600.0  # seconds for one request; a benchmark never waits forever
+# Idle connections are reused for at most this long: below uvicorn's 5 s keep-alive (vLLM's and
+# SGLang's servers), so no request goes out on a connection the server is closing (httpx's own 5 s
+# made that a race, which failed 1 request in 1,000 of a 512-stream run).
+KEEPALIVE_EXPIRY = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True)
     limit = cfg.max_concurrency or len(reqs)
     sem = asyncio.Semaphore(limit)
     bar = tqdm(total=len(reqs), disable=not progress, desc="requests")
-    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit, keepalive_expiry=KEEPALIVE_EXPIRY)
     async with httpx.AsyncClient(base_url=cfg.base_url, timeout=REQUEST_TIMEOUT, limits=limits) as client:
 
         async def guarded(req: BenchRequest) -> RequestResult:
