@@ -1,6 +1,6 @@
 """End to end on the GPU: CUDA-graph decode replays eager decode token for token, the Triton
-backends give the torch backends' greedy tokens, and an unaligned max_seq_len (8505 at page 64,
-133 table columns) captures and replays a sequence that needs its last page."""
+backends give the torch backends' greedy tokens, and an unaligned max_seq_len (4041 at page 64,
+64 table columns) captures and replays a sequence that needs its last page."""
 from __future__ import annotations
 
 import pytest
@@ -72,16 +72,17 @@ def test_mixed_steps_match_torch(tiny: str) -> None:
 
 
 def test_unaligned_max_seq_len_reaches_the_last_page(tiny: str) -> None:
-    llm = LLM(tiny, device="cuda", dtype="bfloat16", page_size=64, context_length=8505, max_running_requests=2,
+    llm = LLM(tiny, device="cuda", dtype="bfloat16", page_size=64, context_length=4041, max_running_requests=2,
               cuda_graph_max_bs=2, **KERNELS)
     runner = llm.engine.graph_runner
-    assert runner is not None and runner.table_width == 133 and llm.engine.pool.page_table.shape[1] == 133
-    prompt = torch.randint(0, 512, (8440,), generator=torch.Generator().manual_seed(4)).tolist()
-    # 8440 prompt tokens + 65 generated = 8505: the last decodes write into page 133 (index 132).
+    assert runner is not None and runner.table_width == 64 and llm.engine.pool.page_table.shape[1] == 64
+    prompt = torch.randint(0, 512, (3976,), generator=torch.Generator().manual_seed(4)).tolist()
+    # 3976 prompt tokens + 65 generated = 4041 (the tiny model reaches 4096): the last decodes write
+    # into page 64 (index 63), past 63 whole pages.
     out = llm.generate([prompt], _greedy(65))[0]
     assert len(out.token_ids) == 65 and out.finish_reason == "length"
-    eager = LLM(tiny, device="cuda", dtype="bfloat16", page_size=64, context_length=8505, max_running_requests=2,
+    eager = LLM(tiny, device="cuda", dtype="bfloat16", page_size=64, context_length=4041, max_running_requests=2,
                 disable_cuda_graph=True, **KERNELS)
     assert eager.generate([prompt], _greedy(65))[0].token_ids == out.token_ids
-    with pytest.raises(ValueError, match="captured for 133"):
-        check_table_width(torch.zeros(3, 134, dtype=torch.int32, device="cuda"), runner.table_width)
+    with pytest.raises(ValueError, match="captured for 64"):
+        check_table_width(torch.zeros(3, 65, dtype=torch.int32, device="cuda"), runner.table_width)
