@@ -1,7 +1,8 @@
 """Prefill at Qwen3.5-122B-A10B FP8 shapes against the FP8 matrix ceiling measured in the same run.
 
     python benchmarks/bench_prefill.py [--tokens 512,4096,16384] [--moe-tokens 1024,4096,16384]
-        [--layers 48] [--steps 16x1024,2x8192] [--skip-model] [--skip-kernels] [--moe-only]
+        [--model Qwen3.5-122B-A10B] [--layers N] [--steps 16x1024,2x8192,1x8192@24576]
+        [--skip-model] [--skip-kernels] [--moe-only]
 
 Prints, in one run:
 - the ceilings: torch._scaled_mm at 8192^3 with rowwise scales (the FP8 matrix ceiling every
@@ -15,8 +16,9 @@ Prints, in one run:
   (MOE_CANDIDATES: decode's tokens-narrow kernels, with wider tiles, and the large-M kernels) for
   gate/up + SwiGLU and down against the ceiling, checked against each other; --moe-only runs just
   this after the ceiling (benchmarks/moe_session.sh);
-- whole prefill steps of the engine (prefill_steps.py) (`--load-format dummy`, the real config with --layers layers,
-  Triton/fla backends): tokens/s and the ratio to the FLOP roofline (GEMM FLOPs of every
+- whole prefill steps of the engine (prefill_steps.py) (`--load-format dummy`, the --model config
+  with --layers layers if given, Triton/fla backends; a step BxN@P runs after P cached tokens, as a
+  long prompt's later chunks do): tokens/s and the ratio to the FLOP roofline (GEMM FLOPs of every
   projection, expert and router, plus causal attention; the GDN recurrence is not counted), and a
   torch.profiler table of the top kernels of one step;
 - decode steps of the same engine in CUDA graphs at 1K context (--decode-batches), timed and
@@ -36,7 +38,7 @@ import torch
 
 from bench_moe import fp8_experts
 from gpu_timing import copy_tbps, median_us, table
-from prefill_steps import model_rows
+from prefill_steps import MODEL, PrefillStep, model_rows
 from minisgl.kernels.fp8_gemm import gemm_split_k
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
@@ -267,8 +269,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="512,4096,16384")
     ap.add_argument("--moe-tokens", default="1024,4096,16384")
-    ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--steps", default="16x1024,2x8192")
+    ap.add_argument("--model", default=MODEL, help="a known config (models/known_configs.py) for the engine steps")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the config's (default: all)")
+    ap.add_argument("--steps", default="16x1024,2x8192",
+                    help="prefill steps BxN (B prompts of N tokens), or BxN@P after P cached tokens")
     ap.add_argument("--decode-batches", default="32,64", help="decode check at 1K context; '' for none")
     ap.add_argument("--mixed", default="1024+56,2048+56",
                     help="CHUNK+D: a CHUNK-token prefill beside D decode rows, eager as served; '' for none")
@@ -308,10 +312,10 @@ def main() -> None:
             traceback.print_exc()
         save()
     if not args.skip_model and not args.moe_only:
-        steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
+        steps = [PrefillStep.parse(s) for s in args.steps.split(",")]
         decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
         mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
-        out["model"], out["decode"], out["profile"] = model_rows(args.layers, steps, decode_batches, ceiling,
+        out["model"], out["decode"], out["profile"] = model_rows(args.model, args.layers, steps, decode_batches, ceiling,
                                                                  ceil["copy TB/s"], mixed, args.piecewise_max_tokens)
         print(out["profile"])
         save()

@@ -1,5 +1,6 @@
-"""bench_prefill.py's engine steps at Qwen3.5-122B-A10B FP8 shapes (dummy weights): whole prefill
-steps and mixed steps (a chunk beside decode rows), each from the piecewise CUDA graphs and eagerly,
+"""bench_prefill.py's engine steps at a known config's FP8 shapes (dummy weights; default
+Qwen3.5-122B-A10B): whole prefill steps (optionally after a cached prefix, as later chunks of a long
+prompt run) and mixed steps (a chunk beside decode rows), each from the piecewise CUDA graphs and eagerly,
 with the host's share, against the FLOP roofline; decode steps from the same engine's graphs; and
 where an eager step's host time goes (sync debug mode, cProfile)."""
 from __future__ import annotations
@@ -8,18 +9,46 @@ import json
 import os
 import tempfile
 import traceback
+from dataclasses import dataclass
 
 import torch
 
 from minisgl.engine.plan import resolve_plan
 from minisgl.layers.fp8 import cdiv
 
-MODEL = "Qwen3.5-122B-A10B"
+MODEL = "Qwen3.5-122B-A10B"  # the default config
 
 
-def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
-    """GEMM FLOPs of one prefill of requests of `lens` tokens: every projection, router and shared
-    expert per token, top-k routed experts per token, the lm_head per request, causal attention."""
+@dataclass(frozen=True)
+class PrefillStep:
+    """`requests` prompts of `tokens` new tokens each, after `prefix` tokens already in the pool."""
+
+    requests: int
+    tokens: int
+    prefix: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "PrefillStep":
+        """'BxN' or 'BxN@P' (P cached tokens before the N new ones)."""
+        shape, _, prefix = text.partition("@")
+        b, n = (int(v) for v in shape.split("x"))
+        return cls(b, n, int(prefix or 0))
+
+    def __str__(self) -> str:
+        return f"{self.requests} x {self.tokens}" + (f" after {self.prefix}" if self.prefix else "")
+
+
+def attention_flops(heads: int, head_dim: int, tokens: int, prefix: int) -> int:
+    """QK^T and PV of `tokens` new tokens after `prefix` cached ones, causal: token i (from 1) sees
+    prefix + i keys, 2 FLOPs per multiply-add in each of the two products."""
+    keys = tokens * prefix + tokens * (tokens + 1) // 2
+    return 4 * heads * head_dim * keys
+
+
+def model_flops(engine, lens: list[int], prefix: int = 0) -> float:  # noqa: ANN001
+    """GEMM FLOPs of one prefill of requests of `lens` new tokens after `prefix` cached ones: every
+    projection, router and shared expert per token, top-k routed experts per token, the lm_head per
+    request, causal attention (token i of n attends to prefix + i keys)."""
     from minisgl.layers.fp8_linear import Fp8Linear
     from minisgl.layers.linear import Linear
     from minisgl.models.attention_mixer import Attention
@@ -39,7 +68,7 @@ def model_flops(engine, lens: list[int]) -> float:  # noqa: ANN001
             _, two_i, hidden = mod.experts.gate_up_proj.shape
             per_token += mod.top_k * 2 * (two_i * hidden + hidden * two_i // 2)
         elif isinstance(mod, Attention):
-            flops += sum(2 * mod.num_heads * mod.head_dim * n * (n + 1) for n in lens)  # QK^T and PV, causal
+            flops += sum(attention_flops(mod.num_heads, mod.head_dim, n, prefix) for n in lens)
     if engine.model.lm_head is None:  # tied embedding as the head
         flops += 2 * engine.config.hidden_size * engine.config.vocab_size * len(lens)
     return flops + per_token * tokens
@@ -145,7 +174,7 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
     return f"{len(syncs)} host syncs in one step:\n" + "\n".join(syncs[:40]) + "\n" + text.getvalue()
 
 
-def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[int], ceiling: float,
+def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
                copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
                ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
     """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
@@ -156,16 +185,17 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
     from minisgl.engine.engine import Engine
     from minisgl.models.known_configs import config_dir
 
-    path = config_dir(MODEL, fp8=True, root=tempfile.mkdtemp())
-    if layers != 48:
+    path = config_dir(model, fp8=True, root=tempfile.mkdtemp())
+    if layers is not None:
         cfg_file = os.path.join(path, "config.json")
         raw = json.load(open(cfg_file))
         raw["text_config"]["num_hidden_layers"] = layers
         raw["text_config"].pop("layer_types", None)
         json.dump(raw, open(cfg_file, "w"))
-    slots_needed = max([b for b, _ in steps] + decode_batches + [d + 1 for _, d in mixed])
-    longest = max([n for _, n in steps] + [c for c, _ in mixed])
-    pages = max([b * cdiv(n + 1, 64) for b, n in steps] + [b * cdiv(1024 + 2, 64) for b in decode_batches]
+    slots_needed = max([s.requests for s in steps] + decode_batches + [d + 1 for _, d in mixed])
+    longest = max([s.prefix + s.tokens for s in steps] + [c for c, _ in mixed])
+    pages = max([s.requests * cdiv(s.prefix + s.tokens + 1, 64) for s in steps]
+                + [b * cdiv(1024 + 2, 64) for b in decode_batches]
                 + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
     # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
@@ -174,26 +204,28 @@ def model_rows(layers: int, steps: list[tuple[int, int]], decode_batches: list[i
                                disable_cuda_graph=not (decode_batches or mixed),
                                piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
                     warm_up=False)
-    print(f"engine: {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
+    layers = engine.config.num_layers
+    print(f"engine: {model}, {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""
-    for b, n in steps:
-        slots = [engine.pool.allocate(n) for _ in range(b)]
+    for step in steps:
+        b, n, p = step.requests, step.tokens, step.prefix
+        slots = [engine.pool.allocate(p + n) for _ in range(b)]
         for s in slots:
-            engine.pool.ensure_tokens(s, n)
+            engine.pool.ensure_tokens(s, p + n)  # the prefix's pages hold whatever was there: timing only
         seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
-        batch = engine.make_batch(seqs, [0] * b, slots)
-        flops = model_flops(engine, [n] * b)
+        batch = engine.make_batch(seqs, [p] * b, slots)
+        flops = model_flops(engine, [n] * b, p)
         roof_ms = flops / (ceiling * 1e9)
         for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
-            rows.append({"layers": layers, "step": f"{b} x {n}, {mode}", "tokens": b * n, "step ms": ms,
+            rows.append({"layers": layers, "step": f"{step}, {mode}", "tokens": b * n, "step ms": ms,
                          "host ms": host, "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
                          "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
             print(rows[-1])
-        if (b, n) == steps[0]:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        if step == steps[0]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
                 engine.forward_batch(batch)
                 torch.cuda.synchronize()
-            prof = f"one {b} x {n} step\n" + p.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            prof = f"one {step} step\n" + profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         for s in slots:
             engine.pool.free(s)
     decode = []

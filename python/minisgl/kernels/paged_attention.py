@@ -234,6 +234,24 @@ def paged_decode(
     return out
 
 
+def extend_tiling(group: int, dim: int, itemsize: int) -> tuple[int, int, int, int]:
+    """(block_m, block_n, num_warps, num_stages) of the extend kernel by default.
+
+    16-bit, head dim >= 128: 128 query rows x 64 keys, 8 warps, 2 stages. On the H200
+    (benchmarks/bench_extend_attention.py, docs/benchmarks.md) it was the fastest of 12 tilings at
+    every Qwen3.5 35B/122B step measured: 2.1-2.6x the former 64 x 32 x 8 warps x 3 stages, and as
+    fast as torch's flash SDPA on the same work laid out contiguously once a prefix is cached. Half
+    the rows or keys per tile left the tensor cores short of work per K/V load; 4 warps cannot hold
+    a 128 x 256 fp32 accumulator. fp32 (tests) and small heads keep the smaller tile that fits."""
+    block_d = triton.next_power_of_2(dim)
+    if itemsize <= 2 and dim >= 128:
+        block_m, block_n, num_warps, num_stages = 128, 64, 8, 2
+    else:
+        block_m, block_n, num_warps, num_stages = 64, 32, 8 if dim >= 128 else 4, 3
+    block_n = _fit_block_n(block_n, block_d, itemsize, num_stages)
+    return max(block_m, triton.next_power_of_2(group)), block_n, num_warps, num_stages
+
+
 def paged_extend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -246,17 +264,16 @@ def paged_extend(
     page_size: int,
     scale: float,
     out: torch.Tensor | None = None,
-    block_m: int = 64,
-    block_n: int = 32,
-    num_stages: int = 3,
+    tiling: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] varlen (cu_seqlens [B+1]); request i's queries sit at the last
-    extend_i positions of its seq_lens[i] tokens and attend causally to all of them -> [T, Hq, D]."""
+    extend_i positions of its seq_lens[i] tokens and attend causally to all of them -> [T, Hq, D].
+    `tiling` (block_m, block_n, num_warps, num_stages) overrides extend_tiling's (benchmarks)."""
     group, kv_heads, precision = _check_shapes(q, k_cache, page_table)
     dim = q.shape[2]
-    block_d = triton.next_power_of_2(dim)
-    block_n = _fit_block_n(block_n, block_d, k_cache.element_size(), num_stages)
-    block_m = max(block_m, triton.next_power_of_2(group))
+    block_m, block_n, num_warps, num_stages = tiling or extend_tiling(group, dim, k_cache.element_size())
+    if block_m < group:
+        raise ValueError(f"paged_extend: block_m {block_m} must hold a whole query group of {group} heads")
     tokens_per_block = block_m // group
     out = torch.empty_like(q) if out is None else out
     grid = (triton.cdiv(max_extend, tokens_per_block), kv_heads, cu_seqlens.shape[0] - 1)
@@ -264,7 +281,8 @@ def paged_extend(
         q, k_cache, v_cache, page_table, table_rows, seq_lens, cu_seqlens, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0), scale * _LOG2E,
-        PAGE_SIZE=page_size, GROUP=group, TOKENS=tokens_per_block, BLOCK_M=block_m, D=dim, BLOCK_D=block_d,
-        BLOCK_N=block_n, PRECISION=precision, num_warps=8 if dim >= 128 else 4, num_stages=num_stages,
+        PAGE_SIZE=page_size, GROUP=group, TOKENS=tokens_per_block, BLOCK_M=block_m, D=dim,
+        BLOCK_D=triton.next_power_of_2(dim), BLOCK_N=block_n, PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
