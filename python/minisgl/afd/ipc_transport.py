@@ -44,24 +44,24 @@ from minisgl.afd.exchange import Exchange, PendingCombine, PendingDispatch
 
 
 class IpcTransport(Exchange):
+    """One process's end of the exchange over CUDA IPC. What is specific to CUDA sits in three
+    methods (the flag kernels, and sharing and mapping a tensor), which the CPU tests replace with
+    host shared memory to check the rest over 2+2 processes."""
+
     def __init__(
         self, rank: int, num_ag: int, num_eg: int, hidden: int, top_k: int, dtype: torch.dtype,
         fp8_dispatch: bool, device: torch.device, num_mb: int, max_bucket: int, timeout_s: float,
         lane_tp: int = 1,
     ) -> None:
         super().__init__(rank, num_ag, num_eg, hidden, top_k, dtype, fp8_dispatch, device, lane_tp)
-        if device.type != "cuda":
-            raise ValueError(f"--afd-transport ipc needs CUDA devices, got {device}")
-        from minisgl.kernels import device_flags  # triton: only where the GPU path runs
-
-        self.flags_ops = device_flags
+        self.flags_ops = self._flag_kernels()
         self.num_mb, self.max_bucket = num_mb, max_bucket
         self.timeout_s = timeout_s
         self.is_ag, self.is_eg = rank in self.ag_ranks, rank in self.eg_ranks
         # My index among my peers' senders, and my senders (the peers whose flags I wait on).
         self.me = self.ag_ranks.index(rank) if self.is_ag else rank - self.eg_ranks[0] if self.is_eg else -1
         self.senders = list(self.eg_ranks if self.is_ag else self.ag_ranks if self.is_eg else [])
-        slot = device_flags.FLAG_SLOT
+        slot = self.flags_ops.FLAG_SLOT
         n = len(self.senders)
         if self.is_eg:
             self.inbox = torch.zeros(num_mb, n, self.layout(max_bucket).nbytes, dtype=torch.uint8, device=device)
@@ -72,26 +72,45 @@ class IpcTransport(Exchange):
         self.error = torch.zeros(slot, dtype=torch.int32, device=device)
         self.peers = self._map_peers()
 
+    def _flag_kernels(self):
+        """What raises and awaits the flags: kernels/device_flags.py (imported here: it needs triton)."""
+        if self.device.type != "cuda":
+            raise ValueError(f"--afd-transport ipc needs CUDA devices, got {self.device}")
+        from minisgl.kernels import device_flags
+
+        return device_flags
+
     def _map_peers(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """Every rank shares its inbox and flags; each maps those of the ranks it sends to. Every
         rank calls this once, right after joining, so the group's creation lines up."""
         group = dist.new_group(backend="gloo")
-        torch.cuda.synchronize(self.device)  # the zeroed flags exist before any peer can raise them
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the zeroed flags exist before any peer can raise them
         mine = None
         if self.senders:
-            mine = (socket.gethostname(), reduce_tensor(self.inbox), reduce_tensor(self.flags))
+            mine = (socket.gethostname(), self._export(self.inbox), self._export(self.flags))
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine, group=group)
         host = socket.gethostname()
         peers = {}
         for r in self.senders:  # the ranks I receive from are the ranks I send to
-            their_host, (rebuild_inbox, inbox_args), (rebuild_flags, flags_args) = everyone[r]
+            their_host, inbox, flags = everyone[r]
             if their_host != host:
                 raise ValueError(f"--afd-transport ipc needs every worker on one host: rank {r} is on {their_host}, "
                                  f"rank {self.rank} on {host}; use --afd-transport p2p")
-            peers[r] = (rebuild_inbox(*inbox_args), rebuild_flags(*flags_args))
+            peers[r] = (self._import(inbox), self._import(flags))
         dist.barrier(group=group)  # nobody's handles are dropped before every peer has opened them
         return peers
+
+    @staticmethod
+    def _export(t: torch.Tensor) -> object:
+        """A picklable handle another process of this host maps t through (torch's CUDA IPC)."""
+        return reduce_tensor(t)
+
+    @staticmethod
+    def _import(handle: object) -> torch.Tensor:
+        rebuild, args = handle
+        return rebuild(*args)
 
     def _describe(self, channel: int) -> str:
         mb, sender = divmod(channel, max(1, len(self.senders)))
