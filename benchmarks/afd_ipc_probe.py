@@ -696,8 +696,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     ns = ap.parse_args(argv)
     if ns.iters % ns.chunk or ns.chunk < 2 or ns.warmup < 1 or min(ns.rows) < 1:
         ap.error("--iters must be a multiple of --chunk (>= 2); --warmup and --rows must be positive")
-    cfg = Config(tuple(ns.rows), ns.hidden, ns.iters, ns.warmup, ns.chunk, int(ns.wait_timeout_ms * 1e6), ns.sleep_cycles,
-                 size_budget_s=0.5 * ns.option_timeout_s / len(ns.rows))
+    cfg = Config(tuple(ns.rows), ns.hidden, ns.iters, ns.warmup, ns.chunk, int(ns.wait_timeout_ms * 1e6),
+                 ns.sleep_cycles, size_budget_s=0.5 * ns.option_timeout_s / len(ns.rows))
     return ns, cfg
 
 
