@@ -127,10 +127,13 @@ def _pair_rank(rank: int, results, dtype: torch.dtype, fp8: bool) -> None:
 
 
 def _combine_that_never_comes(tr: IpcTransport, dtype: torch.dtype, results) -> None:
-    """The device wait gives up at its deadline, check() names the channel, and the next wait
+    """check() does not wait for the spinning wait (a retiring step must not wait for later steps);
+    the device wait gives up at its deadline, check() then names the channel, and the next wait
     costs no second deadline."""
     start = time.monotonic()
     tr.combine(tr.dispatch(0, 1, *message(1, 0, 0, 0, 99, dtype, "cuda")))
+    tr.check()  # the wait is still spinning: nothing to report yet, and no waiting for it
+    assert time.monotonic() - start < EXCHANGE_TIMEOUT_S * 0.5, "check() waited for the current stream"
     torch.cuda.synchronize()
     took = time.monotonic() - start
     try:

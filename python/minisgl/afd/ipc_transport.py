@@ -70,6 +70,9 @@ class IpcTransport(Exchange):
         self.flags = torch.zeros(num_mb, n, slot, dtype=torch.int32, device=device)
         self.counts = torch.zeros(num_mb, n, slot, dtype=torch.int32, device=device)
         self.error = torch.zeros(slot, dtype=torch.int32, device=device)
+        cuda = device.type == "cuda"
+        self._error_host = torch.zeros(1, dtype=torch.int32, pin_memory=cuda)
+        self._check_stream = torch.cuda.Stream(device) if cuda else None
         self.peers = self._map_peers()
 
     def _flag_kernels(self):
@@ -167,7 +170,15 @@ class IpcTransport(Exchange):
         return []
 
     def check(self) -> None:
-        code = int(self.error[0].item())
+        """Raise if a wait timed out. The error word is read on a stream of its own: the current
+        one may already hold later steps' waits, which a retiring step must not wait for."""
+        if self._check_stream is None:
+            self._error_host.copy_(self.error[:1])
+        else:
+            with torch.cuda.stream(self._check_stream):
+                self._error_host.copy_(self.error[:1], non_blocking=True)
+            self._check_stream.synchronize()
+        code = int(self._error_host[0])
         if code:
             raise RuntimeError(f"AFD ipc exchange: {self._describe(code - 1)} did not arrive within "
                                f"{self.timeout_s:g} s (--afd-step-timeout-s): the peer died or stalled")
