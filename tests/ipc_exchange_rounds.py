@@ -129,15 +129,16 @@ def run_ranks(body, args: tuple, world: int, timeout_s: float) -> list:
                     errors += died
                     break
                 continue
-            if kind == "error":
+            if kind == "error":  # its peers may be stuck waiting for it: a moment for their own reports
                 errors.append(f"rank {rank}:\n{value}")
+                deadline = min(deadline, time.monotonic() + 3.0)
             if kind in ("ok", "error"):
                 ended[rank] = kind
             else:
                 notes.append((rank, kind, value))
     finally:
         for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()) if not errors else 5)
+            p.join(timeout=max(1.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
                 p.join(5)

@@ -36,9 +36,10 @@ def test_signal_is_a_release_atomic_at_system_scope() -> None:
     assert re.search(r"atom\.global\.sys\.release\.add", ptx), ptx
 
 
-def test_wait_polls_volatile_then_acquires_within_a_deadline() -> None:
+@pytest.mark.parametrize("timeout_type", ["i32", "i64"])  # Triton types a Python int by its value
+def test_wait_polls_volatile_then_acquires_within_a_deadline(timeout_type: str) -> None:
     ptx = _ptx(wait_kernel, {"flag_ptr": "*i32", "count_ptr": "*i32", "error_ptr": "*i32", "channel": "i32",
-                             "timeout_ns": "i64"})
+                             "timeout_ns": timeout_type})
     loop = ptx[ptx.index("$L__BB0_1:"):]  # the spin loop's body onwards
     assert re.search(r"ld\.volatile\.global\.b32", loop), "the spin must re-load the flag every iteration"
     assert "%globaltimer" in loop, "the spin must be bounded by the clock"
