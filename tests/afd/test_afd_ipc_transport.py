@@ -67,7 +67,8 @@ def _rank(rank: int, results, fp8: bool) -> None:
                           max_bucket=max(BUCKETS), timeout_s=60.0)
     rounds = [(b, layer) for b in BUCKETS for layer in range(LAYERS)]
     if rank < AGS:
-        inputs = {(b, layer, mb): message(b, layer, mb, rank, 0, dtype, dev) for b, layer in rounds for mb in range(NUM_MB)}
+        inputs = {(b, layer, mb): message(b, layer, mb, rank, 0, dtype, dev)
+                  for b, layer in rounds for mb in range(NUM_MB)}
         outs: dict = {}
         for b, layer in rounds:
             outs |= attention_round(tr, inputs, b, layer, NUM_MB)

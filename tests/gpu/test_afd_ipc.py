@@ -39,7 +39,7 @@ pytestmark = pytest.mark.gpu
 
 BUCKETS, LAYERS, NUM_MB = (1, 8, 64), 3, 2
 REPLAYS = 3
-EXCHANGE_TIMEOUT_S = 3.0  # a device wait's deadline in the pair test (each side waits at barriers, not on a peer's host)
+EXCHANGE_TIMEOUT_S = 3.0  # a device wait's deadline in the pair test (the sides meet at barriers before waiting)
 PAIR_JOIN_S = 120.0
 
 

@@ -107,7 +107,8 @@ class AfdArgs:
         """ipc or p2p for workers on these devices; auto takes ipc for the local launcher on GPUs."""
         cuda = all(d.startswith("cuda") for d in devices)
         if self.transport == "ipc" and not cuda:
-            raise ValueError(f"--afd-transport ipc needs every worker on a CUDA GPU; the workers are on {sorted(set(devices))}")
+            raise ValueError(f"--afd-transport ipc needs every worker on a CUDA GPU; the workers are on "
+                             f"{sorted(set(devices))}")
         if self.transport == "auto":
             return "ipc" if cuda and self.launcher == "local" else "p2p"
         return self.transport

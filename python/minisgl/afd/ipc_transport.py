@@ -133,7 +133,9 @@ class IpcTransport(Exchange):
                              f"({self.max_bucket})")
 
     # -- attention-worker side ------------------------------------------------------------------
-    def dispatch(self, mb: int, bucket: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> PendingCombine:
+    def dispatch(
+        self, mb: int, bucket: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> PendingCombine:
         """Write x [T, H] with its routing into every EG's inbox and raise its flag."""
         self._fits(bucket)
         buf = self.pack(mb, bucket, x, ids, weights)
