@@ -19,7 +19,8 @@ to_a, and A seeing to_a complete. The options:
   stale buffer.
 - flag_eager / flag_graph: device-side flags, a Triton kernel raising a counter with a release
   store and one spinning on a volatile load, the graph variant with `--chunk` round trips captured
-  in one graph per side. Every spin gives up after --max-spins polls and counts a timeout, so a
+  in one graph per side. These are the library's kernels (minisgl/kernels/device_flags.py, which
+  the ipc transport uses). Every spin gives up after --wait-timeout-ms and counts a timeout, so a
   time-sliced GPU that starves the writer shows up as timeouts, never a hang.
 - flag_graph_one_process: the same graphs on two streams of one process, where both spinning
   kernels run at once instead of time-slicing: what the flags cost when nothing is time-sliced.
@@ -52,8 +53,10 @@ import torch.multiprocessing as mp
 try:
     import triton
     import triton.language as tl
+
+    from minisgl.kernels import device_flags
 except ImportError:  # reported per option; the host-mediated options do not need it
-    triton = None
+    triton = device_flags = None
 
 NO_CUDA = (
     "afd_ipc_probe: no CUDA device is visible (torch.cuda.is_available() is False). The probe measures "
@@ -68,7 +71,7 @@ class Config:
     iters: int  # measured round trips per message size
     warmup: int
     chunk: int  # round trips per synchronised chunk (per captured graph in the graph variants)
-    max_spins: int  # polls before a device-side wait gives up and counts a timeout
+    wait_timeout_ns: int  # how long a device-side wait spins before it gives up and counts a timeout
     sleep_cycles: int  # the delay that exposes a dependency a replay does not honour
     size_budget_s: float  # a size's measurement stops early (flagged) past this
 
@@ -78,71 +81,43 @@ class Config:
 if triton is not None:
 
     @triton.jit
-    def _globaltimer():
-        return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-    @triton.jit
     def _stamp_kernel(count_ptr, stamp_ptr, capacity):
         idx = tl.load(count_ptr)
         tl.store(count_ptr, idx + 1)
         if idx < capacity:
-            tl.store(stamp_ptr + idx, _globaltimer())
-
-    @triton.jit
-    def _signal_kernel(flag_ptr, count_ptr):
-        # The counter lives on the device so that a replayed graph raises the flag to a new value.
-        seq = tl.load(count_ptr) + 1
-        tl.store(count_ptr, seq)
-        tl.atomic_xchg(flag_ptr, seq, sem="release", scope="sys")
-
-    @triton.jit
-    def _wait_kernel(flag_ptr, count_ptr, stamp_ptr, spins_ptr, timeouts_ptr, capacity, max_spins):
-        expected = tl.load(count_ptr) + 1
-        tl.store(count_ptr, expected)
-        seen = tl.load(flag_ptr, volatile=True)
-        spins = expected - expected  # an int32 zero that the loop can carry
-        while (seen < expected) & (spins < max_spins):
-            seen = tl.load(flag_ptr, volatile=True)
-            spins += 1
-        # Acquire: the payload reads that follow this kernel see what the peer wrote before its release.
-        tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
-        if seen < expected:
-            tl.store(timeouts_ptr, tl.load(timeouts_ptr) + 1)
-        idx = expected - 1
-        if idx < capacity:
-            tl.store(stamp_ptr + idx, _globaltimer())
-            tl.store(spins_ptr + idx, spins)
-
-
-FLAG_SLOT = 4  # int32s per flag: each flag 16-byte aligned, as Triton specialises on pointer alignment
+            tl.store(stamp_ptr + idx, device_flags.globaltimer())
 
 
 class FlagEnd:
     """One side of a pair of flags (a (2, FLAG_SLOT) int32 tensor): it raises flag `send` and waits
     on flag `recv`. Both counts live on the device, so the calls can be captured and replayed; each
-    wait stamps the time it returned and the polls it took."""
+    wait stamps the time it returned."""
 
-    def __init__(self, flags: torch.Tensor, send: int, recv: int, capacity: int, max_spins: int) -> None:
+    def __init__(self, flags: torch.Tensor, send: int, recv: int, capacity: int, timeout_ns: int) -> None:
         if triton is None:
-            raise RuntimeError("the flag options need triton (pip install triton)")
+            raise RuntimeError("the flag options need triton (pip install triton) and minisgl on PYTHONPATH")
         dev = flags.device
         self.send_flag, self.recv_flag = flags[send, :1], flags[recv, :1]
-        self.sent, self.received = (torch.zeros(1, dtype=torch.int32, device=dev) for _ in range(2))
-        self.stamps = torch.zeros(capacity, dtype=torch.int64, device=dev)
-        self.spins = torch.zeros(capacity, dtype=torch.int32, device=dev)
-        self.timeouts = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.max_spins = max_spins
+        self.received, self.timeouts = (torch.zeros(device_flags.FLAG_SLOT, dtype=torch.int32, device=dev)
+                                        for _ in range(2))
+        self.clock = Clock(capacity)
+        self.timeout_ns = timeout_ns
 
     def signal(self) -> None:
-        _signal_kernel[(1,)](self.send_flag, self.sent, num_warps=1)
+        device_flags.signal(self.send_flag)
 
     def wait(self) -> None:
-        _wait_kernel[(1,)](self.recv_flag, self.received, self.stamps, self.spins, self.timeouts,
-                           self.stamps.numel(), self.max_spins, num_warps=1)
+        # A wait that times out sets the error word, and every later one returns at once: the
+        # probe reports whether any timed out.
+        device_flags.wait(self.recv_flag, self.received[:1], self.timeouts[:1], 0, self.timeout_ns)
+        self.clock.stamp()
 
-    def stats(self, first: int, count: int) -> dict[str, int]:
-        spins = self.spins[first : first + count]
-        return {"timeouts": int(self.timeouts.item()), "spins_max": int(spins.max().item()) if count else 0}
+    @property
+    def stamps(self) -> torch.Tensor:
+        return self.clock.stamps
+
+    def stats(self) -> dict[str, int]:
+        return {"timed_out": int(self.timeouts[0].item() != 0)}
 
 
 class Clock:
@@ -190,7 +165,8 @@ def _buffers(cfg: Config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = (max(cfg.rows), cfg.hidden)
     to_b = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
     to_a = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
-    flags = torch.zeros(len(cfg.rows), 2, FLAG_SLOT, dtype=torch.int32, device="cuda")
+    slot = device_flags.FLAG_SLOT if device_flags else 1  # the host-mediated options never touch the flags
+    flags = torch.zeros(len(cfg.rows), 2, slot, dtype=torch.int32, device="cuda")
     return to_b, to_a, flags
 
 
@@ -322,8 +298,8 @@ def _chunk_runner(cfg: Config, steps: list[tuple[torch.cuda.Stream, Callable[[],
 def _compile_flag_kernels(cfg: Config) -> None:
     """Compiles both kernels on a private flag (raised, then awaited) so no peer waits on a compile;
     the arguments are specialised as the measured calls' are (aligned flags, the same ints)."""
-    own = FlagEnd(torch.zeros(2, FLAG_SLOT, dtype=torch.int32, device="cuda"), 0, 0, cfg.warmup + cfg.iters,
-                  cfg.max_spins)
+    own = FlagEnd(torch.zeros(2, device_flags.FLAG_SLOT, dtype=torch.int32, device="cuda"), 0, 0,
+                  cfg.warmup + cfg.iters, cfg.wait_timeout_ns)
     own.signal()
     own.wait()
     _sync()
@@ -331,10 +307,9 @@ def _compile_flag_kernels(cfg: Config) -> None:
 
 def _flag_row(cfg: Config, rows: int, chunks: int, end_a: FlagEnd, a: dict[str, int], b: dict[str, int],
               data_ok: bool) -> dict[str, object]:
-    """A flag round trip's row: A's stamped latencies, and both sides' timeouts and longest spins."""
+    """A flag round trip's row: A's stamped latencies, and whether either side's waits timed out."""
     samples = chunk_intervals_us(end_a.stamps.tolist(), cfg.warmup, cfg.chunk, chunks)
-    return _row(cfg, rows, samples, "device", data_ok=data_ok, a_timeouts=a["timeouts"], b_timeouts=b["timeouts"],
-                a_spins_max=a["spins_max"], b_spins_max=b["spins_max"])
+    return _row(cfg, rows, samples, "device", data_ok=data_ok, a_timed_out=a["timed_out"], b_timed_out=b["timed_out"])
 
 
 def flags_a(cfg: Config, conn, emit, use_graph: bool) -> None:
@@ -344,7 +319,7 @@ def flags_a(cfg: Config, conn, emit, use_graph: bool) -> None:
     conn.recv()  # B compiled too: no wait below spins through a peer's compile
     stream = torch.cuda.current_stream()
     for i, rows in enumerate(cfg.rows):
-        msg, end = _message(cfg, rows), FlagEnd(flags[i], 0, 1, cfg.warmup + cfg.iters, cfg.max_spins)
+        msg, end = _message(cfg, rows), FlagEnd(flags[i], 0, 1, cfg.warmup + cfg.iters, cfg.wait_timeout_ns)
 
         def step() -> None:
             to_b[:rows].copy_(msg)
@@ -360,7 +335,7 @@ def flags_a(cfg: Config, conn, emit, use_graph: bool) -> None:
         chunks = _run_chunks(cfg, run_chunk, conn)
         conn.send(("stats", chunks * cfg.chunk))
         peer = conn.recv()
-        emit(_flag_row(cfg, rows, chunks, end, end.stats(cfg.warmup, chunks * cfg.chunk), peer,
+        emit(_flag_row(cfg, rows, chunks, end, end.stats(), peer,
                        data_ok=bool(torch.equal(to_a[:rows], msg))))
     conn.send(None)
 
@@ -374,7 +349,7 @@ def flags_b(cfg: Config, conn, emit, use_graph: bool) -> None:
 
     def prepare(arg) -> str:
         i, rows = arg
-        end = FlagEnd(flags[i], 1, 0, cfg.warmup + cfg.iters, cfg.max_spins)
+        end = FlagEnd(flags[i], 1, 0, cfg.warmup + cfg.iters, cfg.wait_timeout_ns)
 
         def step() -> None:
             end.wait()
@@ -392,7 +367,7 @@ def flags_b(cfg: Config, conn, emit, use_graph: bool) -> None:
         _sync()
         return True
 
-    _serve(conn, {"size": prepare, "chunk": chunk, "stats": lambda waits: state["end"].stats(cfg.warmup, waits)})
+    _serve(conn, {"size": prepare, "chunk": chunk, "stats": lambda _: state["end"].stats()})
 
 
 def flags_one_process(cfg: Config, conn, emit) -> None:
@@ -402,8 +377,8 @@ def flags_one_process(cfg: Config, conn, emit) -> None:
     s_a, s_b = torch.cuda.Stream(), torch.cuda.Stream()
     for i, rows in enumerate(cfg.rows):
         msg = _message(cfg, rows)
-        a = FlagEnd(flags[i], 0, 1, cfg.warmup + cfg.iters, cfg.max_spins)
-        b = FlagEnd(flags[i], 1, 0, cfg.warmup + cfg.iters, cfg.max_spins)
+        a = FlagEnd(flags[i], 0, 1, cfg.warmup + cfg.iters, cfg.wait_timeout_ns)
+        b = FlagEnd(flags[i], 1, 0, cfg.warmup + cfg.iters, cfg.wait_timeout_ns)
 
         def step_a() -> None:
             to_b[:rows].copy_(msg)
@@ -422,8 +397,7 @@ def flags_one_process(cfg: Config, conn, emit) -> None:
                     step()
         torch.cuda.synchronize()
         chunks = _run_chunks(cfg, _chunk_runner(cfg, steps, use_graph=True), conn=None)
-        emit(_flag_row(cfg, rows, chunks, a, a.stats(cfg.warmup, chunks * cfg.chunk),
-                       b.stats(cfg.warmup, chunks * cfg.chunk), data_ok=bool(torch.equal(to_a[:rows], msg))))
+        emit(_flag_row(cfg, rows, chunks, a, a.stats(), b.stats(), data_ok=bool(torch.equal(to_a[:rows], msg))))
 
 
 def host_sync_a(cfg: Config, conn, emit) -> None:
@@ -713,7 +687,7 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     ap.add_argument("--iters", type=int, default=1000, help="measured round trips per size (a multiple of --chunk)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--chunk", type=int, default=100)
-    ap.add_argument("--max-spins", type=int, default=1 << 18, help="polls before a device-side wait gives up")
+    ap.add_argument("--wait-timeout-ms", type=float, default=2000.0, help="how long a device-side wait spins")
     ap.add_argument("--sleep-cycles", type=int, default=100_000_000, help="~50 ms at the H200's clock")
     ap.add_argument("--option-timeout-s", type=float, default=20.0)
     ap.add_argument("--budget-s", type=float, default=100.0, help="the whole probe, hung options included")
@@ -722,8 +696,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, Config]:
     ns = ap.parse_args(argv)
     if ns.iters % ns.chunk or ns.chunk < 2 or ns.warmup < 1 or min(ns.rows) < 1:
         ap.error("--iters must be a multiple of --chunk (>= 2); --warmup and --rows must be positive")
-    cfg = Config(tuple(ns.rows), ns.hidden, ns.iters, ns.warmup, ns.chunk, ns.max_spins, ns.sleep_cycles,
-                 size_budget_s=0.5 * ns.option_timeout_s / len(ns.rows))
+    cfg = Config(tuple(ns.rows), ns.hidden, ns.iters, ns.warmup, ns.chunk, int(ns.wait_timeout_ms * 1e6),
+                 ns.sleep_cycles, size_budget_s=0.5 * ns.option_timeout_s / len(ns.rows))
     return ns, cfg
 
 

@@ -77,7 +77,7 @@ def test_gpu_workers_need_a_pinned_pool(tiny_checkpoints, num_pages: int | None,
     plan = resolve_plan(EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", num_pages=num_pages))
     if fails:
         with pytest.raises(ValueError, match="pin them with --num-pages"):
-            WorkerGroup(plan, AfdArgs(), _GpuLauncher())
+            WorkerGroup(plan, AfdArgs(), _GpuLauncher(), max_bucket=64)
     else:
         check_pinned_pool(plan, _GpuLauncher().devices(AfdArgs()))
     check_pinned_pool(plan, ["cpu", "cpu"])  # CPU workers keep the flags' deterministic pools

@@ -31,7 +31,7 @@ def _run(rank: int, port: int, fp8: bool, out_dir: str) -> None:
     tr = Transport(rank, 1, 1, H, K, torch.float32, fp8, torch.device("cpu"))
     x, ids, w = _inputs()
     if rank == 0:
-        got = Transport.combine(tr.dispatch(0, BUCKET, x, ids, w))
+        got = tr.combine(tr.dispatch(0, BUCKET, x, ids, w))
         torch.save(got, os.path.join(out_dir, "combined.pt"))
     else:
         hidden, rids, rw = tr.receive(tr.post_receive(0, BUCKET))

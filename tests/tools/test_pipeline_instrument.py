@@ -63,6 +63,9 @@ class _Transport:
     def send_combine(self, mb: int, bucket: int, out: torch.Tensor) -> list:
         return []
 
+    def check(self) -> None:  # the exchange's failures off the host: none here
+        pass
+
 
 def _expert_worker(timer: layer_timing.LayerTimer | None) -> ExpertWorker:
     w = ExpertWorker.__new__(ExpertWorker)  # only what launch reads

@@ -9,6 +9,7 @@ from minisgl.arg_field import arg
 LAUNCHERS = ("local", "ray")
 DISPATCH_DTYPES = ("bf16", "fp8")
 WARMUPS = ("auto", "on", "off")
+TRANSPORTS = ("auto", "ipc", "p2p")
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,15 @@ class AfdArgs:
     async_pending_steps: int = arg(2, "launched-but-unretired steps per worker; the coordinator leads by this + 1")
     dispatch_dtype: str = arg("bf16", "hidden states on the wire AG -> EG: bf16 (the model dtype) or fp8 "
                                       "(block-quantised, half the bytes)", DISPATCH_DTYPES)
-    launcher: str = arg("local", "local: worker processes on this host, one GPU each; ray: placed on the nodes of "
-                                 "--afd-attn-nodes / --afd-expert-nodes", LAUNCHERS)
+    launcher: str = arg("local", "local: worker processes on this host, one GPU each (see --afd-gpus); ray: placed "
+                                 "on the nodes of --afd-attn-nodes / --afd-expert-nodes", LAUNCHERS)
+    transport: str = arg("auto", "the per-layer exchange: ipc (CUDA IPC buffers and device-side flags, no host "
+                                 "sync per message; the workers must be GPUs of one host), p2p (torch.distributed "
+                                 "send/recv: NCCL, gloo on the CPU), or auto (ipc for the local launcher on GPUs, "
+                                 "else p2p)", TRANSPORTS)
+    gpus: int | None = arg(None, "local launcher: the GPUs of this host the workers use (cuda:0 .. N-1); fewer GPUs "
+                                 "than workers share them round-robin, which needs the ipc transport and "
+                                 "--afd-attn-tp-size 1 (NCCL refuses two ranks on one GPU). Default: one per worker")
     attn_nodes: str | None = arg(None, "ray: comma-separated node IPs for the attention workers")
     expert_nodes: str | None = arg(None, "ray: comma-separated node IPs for the expert workers")
     attn_tp_size: int = arg(1, "tensor-parallel ranks (GPUs) of each attention lane; only each lane's rank 0 talks "
@@ -65,6 +73,22 @@ class AfdArgs:
             raise ValueError("--afd-layer-timing-dir must be a directory path (leave it unset to turn timing off)")
         if self.warmup not in WARMUPS:
             raise ValueError(f"--afd-warmup must be one of {WARMUPS}, got {self.warmup!r}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"--afd-transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.gpus is not None and self.gpus < 1:
+            raise ValueError(f"--afd-gpus must be >= 1, got {self.gpus}")
+        if self.launcher == "ray" and self.transport == "ipc":
+            raise ValueError("--afd-transport ipc maps buffers between processes of one host; the ray launcher may "
+                             "place workers on several nodes: use --afd-transport p2p (or auto)")
+        if self.launcher == "ray" and self.gpus is not None:
+            raise ValueError("--afd-gpus places workers of the local launcher; Ray gives each worker a GPU of its own")
+        if self.shares_gpus and self.transport == "p2p":
+            raise ValueError(f"--afd-gpus {self.gpus} is fewer than the {self.world_size} workers, so workers share "
+                             "GPUs, and NCCL refuses two ranks on one GPU: use --afd-transport ipc (or auto)")
+        if self.shares_gpus and self.attn_tp_size > 1:
+            raise ValueError(f"--afd-gpus {self.gpus} is fewer than the {self.world_size} workers, so workers share "
+                             "GPUs; a lane's TP all-reduce runs on NCCL, which refuses two ranks on one GPU: "
+                             "give every worker its own GPU or use --afd-attn-tp-size 1")
         if self.step_timeout_s <= 0:
             raise ValueError(f"--afd-step-timeout-s must be > 0, got {self.step_timeout_s}")
 
@@ -73,6 +97,21 @@ class AfdArgs:
         """Steps the coordinator may have sent but not seen replies for. It must exceed the workers'
         depth, or it would wait for a reply that needs a command it has not sent."""
         return self.async_pending_steps + 1
+
+    @property
+    def shares_gpus(self) -> bool:
+        """--afd-gpus puts more than one worker on some GPU."""
+        return self.gpus is not None and self.gpus < self.world_size
+
+    def resolved_transport(self, devices: list[str]) -> str:
+        """ipc or p2p for workers on these devices; auto takes ipc for the local launcher on GPUs."""
+        cuda = all(d.startswith("cuda") for d in devices)
+        if self.transport == "ipc" and not cuda:
+            raise ValueError(f"--afd-transport ipc needs every worker on a CUDA GPU; the workers are on "
+                             f"{sorted(set(devices))}")
+        if self.transport == "auto":
+            return "ipc" if cuda and self.launcher == "local" else "p2p"
+        return self.transport
 
     @property
     def world_size(self) -> int:

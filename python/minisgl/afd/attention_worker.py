@@ -16,7 +16,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WarmupStep, WorkerSpec
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
-from minisgl.afd.transport import Transport
+from minisgl.afd.transport_choice import make_transport
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
@@ -56,11 +56,7 @@ class AttentionWorker:
         config, device = plan.config, plan.device
         self.device = device
         ExpertPlan(config.num_experts, spec.afd_args.expert_workers)  # validates E % N
-        self.transport = Transport(
-            spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
-            config.top_k, plan.dtype, spec.afd_args.dispatch_dtype == "fp8", device,
-            lane_tp=lane.tp_size,
-        )
+        self.transport = make_transport(spec, config.hidden_size, config.top_k, plan.dtype, device, lane.tp_size)
         self.step_state = StepState()
         dispatcher = self.transport if lane.is_leader else None  # one exchange per lane
 
@@ -194,6 +190,7 @@ class AttentionWorker:
         if rows and self.lane.is_leader:
             scratch_sample(torch.cat(rows), vocab, self.engine.config.eos_token_ids,
                            torch.Generator(device=self.device).manual_seed(0))
+        self.transport.check()
         if step.last:  # the steps wrote only the dummy slot and page: no table row holds a page
             self.pool.check_integrity()
             if bool((self.pool.page_table != DUMMY_PAGE).any()):
@@ -201,6 +198,7 @@ class AttentionWorker:
 
     def retire(self, launched: Launched) -> Reply:
         tokens = launched.sample.wait()
+        self.transport.check()
         if launched.marks is not None:
             self.timer.write(launched.marks)
         return Reply(launched.step, self.name, tuple(zip(launched.rids, tokens)))

@@ -38,6 +38,21 @@ def step_bucket(buckets: tuple[int, ...], mb_tokens: int, decode: bool) -> tuple
     return next_pow2(mb_tokens), False
 
 
+def lane_prompt_tokens(plan: EnginePlan, max_prefill_tokens: int) -> int:
+    """The most prompt tokens a lane's step holds: at most a chunk (of at most max_len - 1 tokens)
+    for each of its slots, no more than its pages hold, and within --max-prefill-tokens."""
+    pool, max_len = plan.pool, plan.max_seq_len
+    return min(max_prefill_tokens, pool.max_running_requests * min(plan.args.chunked_prefill_size, max_len - 1),
+               pool.usable_pages * pool.page_size)
+
+
+def largest_bucket(plan: EnginePlan, max_prefill_tokens: int) -> int:
+    """The largest bucket any step can use, what a transport's static buffers are sized for: a
+    micro-batch holds at most its lane's step, a decode per slot beside the lane's prompt tokens,
+    rounded up to a power of two (every graph bucket is at most a micro-batch's slots)."""
+    return next_pow2(plan.pool.max_running_requests + lane_prompt_tokens(plan, max_prefill_tokens))
+
+
 def check_graph_bucket(step: int, bucket: int, use_graph: bool, buckets: tuple[int, ...]) -> None:
     """A worker refuses a graph step of a shape it did not prepare: no rank may run a different shape."""
     if use_graph and bucket not in buckets:

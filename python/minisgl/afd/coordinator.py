@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.buckets import step_bucket
+from minisgl.afd.buckets import largest_bucket, step_bucket
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.mb_split import split
@@ -109,7 +109,7 @@ class Coordinator:
         self.failure: str | None = None
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
         self.workers: WorkerGroup | None = None  # set once every worker is ready
-        self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd))
+        self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd), largest_bucket(plan, self.prefill_budget))
         self.graph_buckets = self.workers.graph_buckets  # what every worker prepared
         # Before ready: every shape class a step can take, through every worker in lock step.
         self.warmup: WarmupReport | None = None

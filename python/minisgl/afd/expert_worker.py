@@ -12,7 +12,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply, WarmupStep, WorkerSpec
-from minisgl.afd.transport import Transport
+from minisgl.afd.transport_choice import make_transport
 from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
 
@@ -34,10 +34,8 @@ class ExpertWorker:
         self.shard = build_module(lambda: ExpertShard(config, start, end - start, backend), dtype, device, plan.fp8)
         load_weights(self.shard, plan.model_path, config, WeightFilter.expert_worker(start, end))
         self.num_layers = config.num_layers
-        self.transport = Transport(
-            spec.rank, spec.afd_args.attn_workers, spec.afd_args.expert_workers, config.hidden_size,
-            config.top_k, dtype, spec.afd_args.dispatch_dtype == "fp8", device, lane_tp=spec.afd_args.attn_tp_size,
-        )
+        self.transport = make_transport(spec, config.hidden_size, config.top_k, dtype, device,
+                                        spec.afd_args.attn_tp_size)
         self.device = device
         self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
         self.timer = make_timer(
@@ -59,6 +57,7 @@ class ExpertWorker:
     def warm_up(self, step: WarmupStep) -> None:
         """The step's exchanges, as for a real step of its shape (routing travels with the data)."""
         self._exchange(EgPlan(step.step, step.num_mb, step.bucket, step.phase, step.use_graph), None)
+        self.transport.check()
 
     def _exchange(self, plan: EgPlan, marks: StepMarks | None) -> None:
         check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
@@ -88,6 +87,7 @@ class ExpertWorker:
     def retire(self, launched: Launched) -> Reply:
         if launched.done is not None:
             launched.done.synchronize()
+        self.transport.check()
         if launched.marks is not None:
             self.timer.write(launched.marks)
         return Reply(launched.step, self.name)

@@ -17,14 +17,19 @@ logger = logging.getLogger(__name__)
 
 
 def worker_devices(afd: AfdArgs) -> list[str]:
-    """Attention workers first, then expert workers; one GPU each when there are enough, else the CPU."""
+    """Attention workers first, then expert workers: one GPU each by default, or round-robin over
+    --afd-gpus GPUs (all on cuda:0 with 1); the CPU when there is no GPU."""
     n = afd.world_size
-    if torch.cuda.is_available():
-        if torch.cuda.device_count() < n:
-            raise ValueError(f"AFD needs {n} GPUs on this host for {afd.attn_workers}+{afd.expert_workers} workers, "
-                             f"found {torch.cuda.device_count()}")
-        return [f"cuda:{i}" for i in range(n)]
-    return ["cpu"] * n
+    if not torch.cuda.is_available():
+        if afd.gpus is not None:
+            raise ValueError(f"--afd-gpus {afd.gpus} places workers on GPUs, and this host has none")
+        return ["cpu"] * n
+    gpus = afd.gpus or n
+    if torch.cuda.device_count() < gpus:
+        why = (f"--afd-gpus {gpus}" if afd.gpus else
+               f"{afd.attn_workers}+{afd.expert_workers} workers, one GPU each (--afd-gpus shares fewer)")
+        raise ValueError(f"AFD needs {gpus} GPUs on this host for {why}, found {torch.cuda.device_count()}")
+    return [f"cuda:{i % gpus}" for i in range(n)]
 
 
 class Launcher(Protocol):

@@ -26,6 +26,7 @@ class WorkerSpec:
     device: str
     parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
     tp_rank: int = 0  # rank inside the attention lane (--afd-attn-tp-size)
+    max_bucket: int = 0  # the largest dispatch bucket any step uses: what the ipc transport's buffers hold
 
     @property
     def name(self) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.afd.transport import PendingCombine, Transport
+from minisgl.afd.exchange import Exchange, PendingCombine
 from minisgl.moe.block import MoEBlock
 from minisgl.parallel.collectives import all_reduce
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -38,7 +38,7 @@ class RemoteMoE(MoEBlock):
         top_k: int,
         shared_intermediate: int,
         renormalize: bool,
-        transport: Transport | None,
+        transport: Exchange | None,
         step: StepState,
         parallel: ParallelConfig = SINGLE,
     ) -> None:
@@ -57,7 +57,7 @@ class RemoteMoE(MoEBlock):
         return InFlight(pending, self.shared(x), x)
 
     def combine(self, inflight: InFlight) -> torch.Tensor:
-        out = None if inflight.pending is None else Transport.combine(inflight.pending)
+        out = None if inflight.pending is None else self.transport.combine(inflight.pending)
         if inflight.shared is not None:
             out = inflight.shared if out is None else out + inflight.shared
         if out is None:  # a lane's other rank without a shared expert: rank 0's output arrives in the all-reduce

@@ -1,105 +1,26 @@
 """Per-layer token exchange between attention workers (AG) and expert workers (EG) over
-torch.distributed point-to-point (gloo on the CPU, NCCL on GPUs).
-
-Per MoE layer and micro-batch:
-- M2N dispatch: every AG sends every EG one fixed-capacity message of `bucket` token rows: the
-  hidden states (model dtype, or FP8 e4m3 with per-token 128-wide group scales), the top-k expert
-  ids and routing weights. Padding rows carry expert id -1.
-- N2M combine: every EG returns the weighted sum of its own experts' outputs for every row.
-
-With tensor parallelism inside the attention lanes, only each lane's TP rank 0 exchanges with the
-EGs (every lane rank holds the same tokens): the dispatch happens once per lane, not once per rank.
-
-Every token goes to every EG rather than only to the owners of its experts: with Qwen3.5's top-8
-over N ≤ 8 expert workers, a given EG owns one of a token's experts with probability
-1 − (1 − 1/N)^8 (0.90 at N = 4), so compaction would save little, while fixed-size messages need
-no size exchange and keep the path CUDA-graph capturable. Buffers are static per (bucket, mb).
-Messages of one (AG, EG) pair are posted in the same (layer, mb) order on both sides.
+torch.distributed point-to-point: gloo on the CPU, NCCL between GPUs that are not one host's (the
+GPUs of one host take afd/ipc_transport.py). The messages are afd/exchange.py's; buffers are
+static per (bucket, mb).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from minisgl.layers.fp8 import dequantize_block_fp8, quantize_block_fp8
+from minisgl.afd.exchange import Exchange, PendingCombine, PendingDispatch
 
-FP8_GROUP = 128
 _DISPATCH_TAG, _COMBINE_TAG = 0, 1 << 16
 
 
-@dataclass(frozen=True)
-class DispatchLayout:
-    """Byte layout of one dispatch message: [hidden | fp8 scales | expert ids | weights], each segment
-    contiguous so the receiver views it without copying."""
-
-    bucket: int
-    hidden: int
-    top_k: int
-    dtype: torch.dtype  # hidden dtype when not fp8
-    fp8: bool
-
-    @property
-    def groups(self) -> int:
-        return self.hidden // FP8_GROUP
-
-    def _sizes(self) -> tuple[int, int, int, int]:
-        elem = 1 if self.fp8 else torch.empty((), dtype=self.dtype).element_size()
-        return (
-            self.bucket * self.hidden * elem,
-            self.bucket * self.groups * 4 if self.fp8 else 0,
-            self.bucket * self.top_k * 4,
-            self.bucket * self.top_k * 4,
-        )
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self._sizes())
-
-    def views(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """(hidden [bucket, H], scales [bucket, G] or None, ids [bucket, k] int32, weights [bucket, k] fp32)."""
-        sizes = self._sizes()
-        offs = [sum(sizes[:i]) for i in range(4)]
-        seg = [buf[o : o + n] for o, n in zip(offs, sizes)]
-        hidden = seg[0].view(torch.float8_e4m3fn if self.fp8 else self.dtype).view(self.bucket, self.hidden)
-        scales = seg[1].view(torch.float32).view(self.bucket, self.groups) if self.fp8 else None
-        ids = seg[2].view(torch.int32).view(self.bucket, self.top_k)
-        weights = seg[3].view(torch.float32).view(self.bucket, self.top_k)
-        return hidden, scales, ids, weights
-
-
-@dataclass
-class PendingCombine:
-    works: list
-    partials: torch.Tensor  # [N, bucket, H]
-    num_tokens: int
-
-
-@dataclass
-class PendingDispatch:
-    works: list
-    bufs: torch.Tensor  # [M, layout.nbytes] uint8
-    layout: DispatchLayout
-    mb: int
-
-
-class Transport:
-    """One process's end of the exchange. Ranks [0, M * lane_tp) are the AG lanes' ranks (lane i's
-    TP rank 0, which exchanges for the lane, at i * lane_tp), [M * lane_tp, M * lane_tp + N) are EGs."""
+class Transport(Exchange):
+    """One process's end of the exchange over torch.distributed."""
 
     def __init__(
         self, rank: int, num_ag: int, num_eg: int, hidden: int, top_k: int, dtype: torch.dtype,
         fp8_dispatch: bool, device: torch.device, lane_tp: int = 1,
     ) -> None:
-        if fp8_dispatch and hidden % FP8_GROUP:
-            raise ValueError(f"fp8 dispatch needs hidden_size % {FP8_GROUP} == 0, got {hidden}")
-        self.rank, self.num_ag, self.num_eg = rank, num_ag, num_eg
-        self.ag_ranks = [a * lane_tp for a in range(num_ag)]
-        self.eg_ranks = range(num_ag * lane_tp, num_ag * lane_tp + num_eg)
-        self.hidden, self.top_k, self.dtype, self.fp8 = hidden, top_k, dtype, fp8_dispatch
-        self.device = device
-        self._buffers: dict[tuple[str, int, int], torch.Tensor] = {}
+        super().__init__(rank, num_ag, num_eg, hidden, top_k, dtype, fp8_dispatch, device, lane_tp)
         # One group per direction. NCCL runs each group's point-to-point batches in order on one
         # stream and ignores tags: with a single group an expert worker's pre-posted receive of
         # micro-batch i+1 would queue ahead of its send of micro-batch i's combine, which the
@@ -108,33 +29,10 @@ class Transport:
         self.dispatch_group = dist.new_group()
         self.combine_group = dist.new_group()
 
-    def layout(self, bucket: int) -> DispatchLayout:
-        return DispatchLayout(bucket, self.hidden, self.top_k, self.dtype, self.fp8)
-
-    def _buffer(self, kind: str, bucket: int, mb: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        key = (kind, bucket, mb)
-        if key not in self._buffers:
-            self._buffers[key] = torch.empty(shape, dtype=dtype, device=self.device)
-        return self._buffers[key]
-
     # -- attention-worker side ------------------------------------------------------------------
     def dispatch(self, mb: int, bucket: int, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> PendingCombine:
         """Send x [T, H] with its routing to every EG and post the receives of their partial sums."""
-        t = x.shape[0]
-        if t > bucket:
-            raise ValueError(f"{t} tokens exceed the dispatch bucket {bucket}")
-        layout = self.layout(bucket)
-        buf = self._buffer("ag_send", bucket, mb, (layout.nbytes,), torch.uint8)
-        hidden, scales, id_view, w_view = layout.views(buf)
-        if self.fp8:
-            q, s = quantize_block_fp8(x.float(), (1, FP8_GROUP))
-            hidden[:t], scales[:t] = q, s
-            scales[t:] = 1.0
-        else:
-            hidden[:t] = x
-        hidden[t:] = 0
-        id_view[:t], id_view[t:] = ids, -1
-        w_view[:t], w_view[t:] = weights, 0.0
+        buf = self.pack(mb, bucket, x, ids, weights)
         partials = self._buffer("ag_recv", bucket, mb, (self.num_eg, bucket, self.hidden), self.dtype)
         recvs = [
             dist.P2POp(dist.irecv, partials[i], r, self.combine_group, _COMBINE_TAG + mb)
@@ -142,10 +40,9 @@ class Transport:
         ]
         sends = [dist.P2POp(dist.isend, buf, r, self.dispatch_group, _DISPATCH_TAG + mb) for r in self.eg_ranks]
         works = dist.batch_isend_irecv(recvs) + dist.batch_isend_irecv(sends)
-        return PendingCombine(works, partials, t)
+        return PendingCombine(works, partials, x.shape[0], mb)
 
-    @staticmethod
-    def combine(pending: PendingCombine) -> torch.Tensor:
+    def combine(self, pending: PendingCombine) -> torch.Tensor:
         """Wait for every EG's partial sum and add them up: [T, H]."""
         for w in pending.works:
             w.wait()
@@ -163,14 +60,7 @@ class Transport:
         """All AGs' rows, concatenated: (hidden [M·bucket, H] in the model dtype, ids, weights)."""
         for w in pending.works:
             w.wait()
-        parts = [pending.layout.views(pending.bufs[a]) for a in range(self.num_ag)]
-        if self.fp8:
-            hidden = torch.cat([dequantize_block_fp8(h, s, (1, FP8_GROUP), self.dtype) for h, s, _, _ in parts])
-        else:
-            hidden = torch.cat([h for h, _, _, _ in parts])
-        ids = torch.cat([i for _, _, i, _ in parts]).long()
-        weights = torch.cat([w for _, _, _, w in parts])
-        return hidden, ids, weights
+        return self.unpack(pending.bufs, pending.layout)
 
     def send_combine(self, mb: int, bucket: int, out: torch.Tensor) -> list:
         """Return each AG its rows of the partial sums out [M·bucket, H]."""

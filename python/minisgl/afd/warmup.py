@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from minisgl.afd.args import AfdArgs
-from minisgl.afd.buckets import step_bucket
+from minisgl.afd.buckets import lane_prompt_tokens, step_bucket
 from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import WarmupReply, WarmupStep
 from minisgl.engine.plan import EnginePlan
@@ -29,11 +29,10 @@ def wanted(mode: str, devices: list[str]) -> bool:
 def lane_shapes(plan: EnginePlan, graph_buckets: tuple[int, ...], num_mb: int,
                 max_prefill_tokens: int) -> list[tuple[StepShape, bool]]:
     """(a lane's step, whether it is a decode step) for every shape class the coordinator can plan.
-    A lane's step holds at most a chunk (of at most max_len - 1 tokens) for each of its slots, and
-    no more prompt tokens than its pages hold, so its prompt tokens stop there."""
-    pool, chunk, max_len = plan.pool, plan.args.chunked_prefill_size, plan.max_seq_len
-    rows = pool.max_running_requests
-    top = min(max_prefill_tokens, rows * min(chunk, max_len - 1), pool.usable_pages * pool.page_size)
+    Its prompt tokens stop at the most a lane's step holds (buckets.lane_prompt_tokens)."""
+    chunk, max_len = plan.args.chunked_prefill_size, plan.max_seq_len
+    rows = plan.pool.max_running_requests
+    top = lane_prompt_tokens(plan, max_prefill_tokens)
     steps = [(s, False) for s in prefill_shapes(top, chunk, max_len)]
     if graph_buckets:  # a graph's shape per bucket; decodes beyond the largest run eagerly
         sizes = [b * num_mb for b in graph_buckets]

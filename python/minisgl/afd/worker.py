@@ -19,6 +19,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
 from minisgl.afd.step_profiler import StepProfiler
+from minisgl.afd.transport_choice import process_group_backend
 from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
 from minisgl.engine import compile_watch
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -111,7 +112,7 @@ def serve(
 
 
 def init_distributed(spec: WorkerSpec) -> None:
-    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    backend = process_group_backend(spec)
     host, port = spec.store_addr
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=spec.afd_args.step_timeout_s))
     dist.init_process_group(

@@ -45,9 +45,11 @@ class WorkerGroup:
     replay the shape of every graph step. warm_up() then runs the warm-up steps, within the same
     start-up deadline."""
 
-    def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher) -> None:
+    def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher, max_bucket: int) -> None:
+        """max_bucket: the largest dispatch bucket any step uses (buckets.largest_bucket)."""
         self.devices = devices = launcher.devices(afd)
         check_pinned_pool(plan, devices)
+        afd.resolved_transport(devices)  # refuses ipc off CUDA before anything starts
         self.launcher: Launcher | None = launcher
         self.zmq = zmq.Context.instance()
         self.reply_sock = self.zmq.socket(zmq.PULL)
@@ -66,7 +68,7 @@ class WorkerGroup:
             spec = WorkerSpec(
                 role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
                 f"tcp://{launcher.host}:{reply_port}", plan, afd, devices[rank],
-                parent_pid=None if afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank,
+                parent_pid=None if afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank, max_bucket=max_bucket,
             )
             self.plan_socks[spec.name] = sock
             specs.append(spec)
