@@ -54,12 +54,13 @@ def test_flags_parse() -> None:
 
 @pytest.mark.parametrize("afd,devices,want", [
     (AfdArgs(), ["cpu", "cpu"], "p2p"),
-    (AfdArgs(), ["cuda:0", "cuda:1"], "ipc"),
-    (AfdArgs(launcher="ray"), ["cuda:0", "cuda:0"], "p2p"),
+    (AfdArgs(), ["cuda:0", "cuda:1"], "p2p"),
+    (AfdArgs(gpus=1), ["cuda:0", "cuda:0"], "ipc"),
+    (AfdArgs(launcher="ray"), ["cuda:0", "cuda:1"], "p2p"),
     (AfdArgs(transport="p2p"), ["cuda:0", "cuda:1"], "p2p"),
     (AfdArgs(transport="ipc"), ["cuda:0", "cuda:1"], "ipc"),
 ])
-def test_auto_takes_ipc_for_local_gpus_only(afd: AfdArgs, devices: list[str], want: str) -> None:
+def test_auto_takes_ipc_for_shared_gpus_only(afd: AfdArgs, devices: list[str], want: str) -> None:
     assert afd.resolved_transport(devices) == want
 
 
@@ -120,17 +121,18 @@ def _spec(afd: AfdArgs, device: str) -> WorkerSpec:
     return WorkerSpec(ATTN, 0, 0, ("127.0.0.1", 1), "tcp://a", "tcp://b", None, afd, device)
 
 
-@pytest.mark.parametrize("afd,device,backend", [
-    (AfdArgs(), "cpu", "gloo"),
-    (AfdArgs(), "cuda:0", "gloo"),  # auto: ipc, and nothing else needs NCCL
-    (AfdArgs(gpus=1), "cuda:0", "gloo"),
-    (AfdArgs(transport="p2p"), "cuda:0", "nccl"),
-    (AfdArgs(attn_tp_size=2), "cuda:0", "nccl"),  # the lane's all-reduces
+@pytest.mark.parametrize("afd,device,backend,ipc", [
+    (AfdArgs(), "cpu", "gloo", False),
+    (AfdArgs(), "cuda:0", "nccl", False),  # auto between distinct GPUs: p2p over NCCL
+    (AfdArgs(gpus=1), "cuda:0", "gloo", True),  # auto on a shared GPU: ipc, and nothing else needs NCCL
+    (AfdArgs(transport="ipc"), "cuda:0", "gloo", True),
+    (AfdArgs(transport="p2p"), "cuda:0", "nccl", False),
+    (AfdArgs(transport="ipc", attn_tp_size=2), "cuda:0", "nccl", True),  # the lane's all-reduces
 ])
-def test_process_group_backend(afd: AfdArgs, device: str, backend: str) -> None:
+def test_process_group_backend(afd: AfdArgs, device: str, backend: str, ipc: bool) -> None:
     spec = _spec(afd, device)
     assert process_group_backend(spec) == backend
-    assert uses_ipc(spec) == (device.startswith("cuda") and afd.transport != "p2p")
+    assert uses_ipc(spec) == ipc
 
 
 @pytest.mark.parametrize("engine,budget,want", [

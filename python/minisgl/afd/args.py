@@ -26,8 +26,8 @@ class AfdArgs:
                                  "on the nodes of --afd-attn-nodes / --afd-expert-nodes", LAUNCHERS)
     transport: str = arg("auto", "the per-layer exchange: ipc (CUDA IPC buffers and device-side flags, no host "
                                  "sync per message; the workers must be GPUs of one host), p2p (torch.distributed "
-                                 "send/recv: NCCL, gloo on the CPU), or auto (ipc for the local launcher on GPUs, "
-                                 "else p2p)", TRANSPORTS)
+                                 "send/recv: NCCL, gloo on the CPU), or auto (ipc where --afd-gpus makes workers "
+                                 "share GPUs, else p2p: ipc between distinct GPUs has not run yet)", TRANSPORTS)
     gpus: int | None = arg(None, "local launcher: the GPUs of this host the workers use (cuda:0 .. N-1); fewer GPUs "
                                  "than workers share them round-robin, which needs the ipc transport and "
                                  "--afd-attn-tp-size 1 (NCCL refuses two ranks on one GPU). Default: one per worker")
@@ -104,13 +104,15 @@ class AfdArgs:
         return self.gpus is not None and self.gpus < self.world_size
 
     def resolved_transport(self, devices: list[str]) -> str:
-        """ipc or p2p for workers on these devices; auto takes ipc for the local launcher on GPUs."""
+        """ipc or p2p for workers on these devices. auto takes ipc only where workers share GPUs (NCCL
+        refuses them): between distinct GPUs the ipc path is untested (a copy into a peer GPU's
+        memory also waits on that GPU's stream), so NCCL stays the default there until it has run."""
         cuda = all(d.startswith("cuda") for d in devices)
         if self.transport == "ipc" and not cuda:
             raise ValueError(f"--afd-transport ipc needs every worker on a CUDA GPU; the workers are on "
                              f"{sorted(set(devices))}")
         if self.transport == "auto":
-            return "ipc" if cuda and self.launcher == "local" else "p2p"
+            return "ipc" if cuda and self.shares_gpus else "p2p"
         return self.transport
 
     @property
