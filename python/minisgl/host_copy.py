@@ -16,6 +16,15 @@ def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype, devic
     return t
 
 
+def take_rows(t: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """t[rows] along dim 0. Indexing a CUDA tensor with a Python list copies the list to the device
+    with a blocking copy, which waits for every queued step; this copies it as to_device does, and
+    all rows in order are t itself."""
+    if len(rows) == t.shape[0] and all(i == r for i, r in enumerate(rows)):
+        return t
+    return t[to_device(rows, torch.int64, t.device)]
+
+
 def to_host_async(t: torch.Tensor) -> torch.Tensor:
     """A device tensor's copy in pinned host memory, queued without waiting; read it only once an
     event recorded after this call is reached. A CPU tensor is returned as it is."""

@@ -23,7 +23,7 @@ from minisgl.engine import compile_watch
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
-from minisgl.host_copy import to_device, to_host_async
+from minisgl.host_copy import take_rows, to_device, to_host_async
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.messages import (
@@ -191,7 +191,7 @@ class Scheduler:
         pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
         if pending:
             dst, src = zip(*pending)
-            batch.input_ids[batch.logit_idx[list(dst)]] = self._inflight.sample.tokens[list(src)]
+            batch.input_ids[take_rows(batch.logit_idx, dst)] = take_rows(self._inflight.sample.tokens, src)
         step_prompt_lp, prompt_rows = self._prompt_logprob_rows(items, tokens)
         if prompt_rows:  # the scored prompt rows first, then every request's last token
             rows = torch.cat([to_device(prompt_rows, torch.int64, batch.logit_idx.device), batch.logit_idx])
@@ -203,6 +203,7 @@ class Scheduler:
             r.num_computed += n
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
+        sampled_logits = take_rows(logits, sample_rows)
         scored = [r for r, _ in items if r.prefill_done and r.params.max_tokens == 0]
         for row, r in enumerate(sampled):
             r.num_pending += 1
@@ -213,7 +214,7 @@ class Scheduler:
         def copy_logprobs(tokens: torch.Tensor) -> None:
             if step.lp_rows:
                 k = max(sampled[row].params.logprobs for row in step.lp_rows)
-                lp = compute_logprobs(logits[sample_rows][step.lp_rows], tokens[step.lp_rows], k)
+                lp = compute_logprobs(take_rows(sampled_logits, step.lp_rows), take_rows(tokens, step.lp_rows), k)
                 step.logprobs = lp.map(to_host_async)
             if step_prompt_lp:
                 k = max(r.params.prompt_logprobs for r, _ in step_prompt_lp)
@@ -221,7 +222,7 @@ class Scheduler:
                 step.prompt_lp = step_prompt_lp
                 step.prompt_logprobs = compute_logprobs(prompt_logits, targets, k).map(to_host_async)
 
-        step.sample = sample_async(self.sampler, logits[sample_rows], [r.slot for r in sampled], copy_logprobs)
+        step.sample = sample_async(self.sampler, sampled_logits, [r.slot for r in sampled], copy_logprobs)
         return step
 
     def _retire(self, step: _Step) -> list[RequestOutput]:
