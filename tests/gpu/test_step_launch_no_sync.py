@@ -17,7 +17,8 @@ from minisgl.scheduler.messages import GenerateRequest
 
 pytestmark = pytest.mark.gpu
 
-KERNELS = dict(attention_backend="triton", gdn_backend="triton", moe_backend="triton")
+# What a server on CUDA runs (auto): the prefill path is the one a user's prompts take.
+KERNELS = dict(attention_backend="triton", gdn_backend="fla", moe_backend="triton")
 
 
 @pytest.fixture(scope="module")
