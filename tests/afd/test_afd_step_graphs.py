@@ -2,6 +2,7 @@
 tests/gpu/test_afd_graphs.py):
 
 - every rank decides alike whether it captures, from the shared flags only, and says why not;
+- the lock-step warm-up holds one graph step per bucket, where every rank captures it;
 - a worker's loop launches step k + K before the host waits for step k (--afd-async-pending-steps),
   and never waits for a plan it has not been sent;
 - an expert worker's step at a bucket's static shape: rows padded with expert id -1 (an eager
@@ -18,9 +19,11 @@ import torch
 
 from minisgl.afd import worker
 from minisgl.afd.args import AfdArgs
+from minisgl.afd.buckets import decode_graph_buckets
 from minisgl.afd.expert_stage import ExpertStage
 from minisgl.afd.protocol import ATTN, EXPERT, Reply, Shutdown, WorkerSpec
 from minisgl.afd.step_graphs import capture_blocker
+from minisgl.afd.warmup import warmup_steps
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.plan import BackendNames, resolve_plan
 from minisgl.models.context import Backends
@@ -62,6 +65,21 @@ def test_every_rank_captures_only_where_the_shared_flags_allow(gpu_plan, tiny_ch
     assert "p2p transport" in capture_blocker(_spec(gpu_plan, transport="p2p", gpus=None), gpu_plan)
     assert "--afd-attn-tp-size" in capture_blocker(_spec(gpu_plan, attn_tp_size=2, gpus=None), gpu_plan)
     assert "per-layer timing" in capture_blocker(_spec(gpu_plan, layer_timing_dir="/tmp/t"), gpu_plan)
+    assert "--afd-warmup off" in capture_blocker(_spec(gpu_plan, warmup="off"), gpu_plan)
+
+
+@pytest.mark.parametrize("max_running", [4, 20, 64])
+@pytest.mark.parametrize("num_mb", [1, 2, 3])
+@pytest.mark.parametrize("how", ["count", "context"])
+def test_the_warmup_holds_one_graph_step_per_bucket(tiny_checkpoints, max_running, num_mb, how) -> None:
+    """Every rank captures each bucket at the warm-up's step of it: every bucket needs exactly one
+    (a real graph step of a bucket without a graph is refused)."""
+    plan = resolve_plan(EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", context_length=256,
+                                   max_running_requests=max_running))
+    afd = AfdArgs(graph_buckets=True, num_mb=num_mb, mb_split=how)
+    buckets = decode_graph_buckets(plan, afd)
+    steps = warmup_steps(plan, afd, buckets, 16384)
+    assert sorted(s.bucket for s in steps if s.use_graph) == list(buckets)
 
 
 class _Runner:

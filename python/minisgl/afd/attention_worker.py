@@ -204,7 +204,9 @@ class AttentionWorker:
         vocab = self.engine.config.vocab_size
         shapes = [_padded(s, step.bucket) if step.use_graph else s for s in step.micro_batches]
         batches = [shape_batch(s, self.engine.make_batch, vocab) if s.extend else None for s in shapes]
-        logits = self._run(batches, step.use_graph, step.bucket)  # a graph step captures here, in lock step
+        if step.use_graph and self.graphs is not None:  # every rank captures the bucket at this step
+            self.graphs.capture(step.bucket)
+        logits = self._run(batches, step.use_graph, step.bucket)
         rows = [x for x in logits if x is not None]
         if rows and self.lane.is_leader:
             scratch_sample(torch.cat(rows), vocab, self.engine.config.eos_token_ids,

@@ -63,18 +63,19 @@ class ExpertWorker:
 
     @torch.inference_mode()
     def warm_up(self, step: WarmupStep) -> None:
-        """The step's exchanges, as for a real step of its shape (routing travels with the data)."""
+        """The step's exchanges, as for a real step of its shape (routing travels with the data); a
+        graph step's graph is captured first, as every rank captures the bucket at this step."""
+        if step.use_graph and self.graphs is not None:
+            self.graphs.capture((step.bucket, step.num_mb), lambda: self._layers(step.bucket, step.num_mb, None))
         self._exchange(EgPlan(step.step, step.num_mb, step.bucket, step.phase, step.use_graph), None)
         self.transport.check()
 
     def _exchange(self, plan: EgPlan, marks: StepMarks | None) -> None:
-        """A graph step replays the graph of (bucket, num_mb), captured on its first use in lock step
-        with the attention workers' captures; every other step runs eagerly."""
+        """A graph step replays the graph of (bucket, num_mb) captured in the warm-up; every other
+        step runs eagerly."""
         check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
         if plan.use_graph and self.graphs is not None:
-            key = (plan.bucket, plan.num_mb)
-            self.graphs.ensure(key, lambda: self._layers(plan.bucket, plan.num_mb, None))
-            self.graphs.replay(key)
+            self.graphs.replay((plan.bucket, plan.num_mb))
         else:
             self._layers(plan.bucket, plan.num_mb, marks)
 

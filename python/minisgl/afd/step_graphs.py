@@ -2,14 +2,14 @@
 
 A captured step holds every (layer, micro-batch) dispatch and combine, so every rank must replay a
 graph of the same bucket in the same step: the coordinator puts one bucket and one use_graph flag
-in every plan of a step (afd/buckets.py). Each rank captures a bucket's graph on its first graph
-step of that bucket, which every rank meets in the same order: during the lock-step warm-up (on
-GPUs by default; a worker that fails a capture fails the start), or at the first real step of the
-bucket when the warm-up is off. A capture runs the step once eagerly first (engine/graph.py's
-capture_graph: Triton compiles, lazily made buffers are allocated); that run's exchanges meet the
-peers' capture runs, which is why every rank must decide alike whether it captures
-(capture_blocker reads only what every rank shares). The capture itself runs nothing, so it
-exchanges nothing.
+in every plan of a step (afd/buckets.py). Each rank captures a bucket's graph on the lock-step
+warm-up's step of that bucket, which every rank meets in the same order before the coordinator
+reports ready (afd/warmup.py holds one per bucket); a worker that fails a capture fails the start,
+and a real step of a bucket without a graph is refused. A capture runs the step once eagerly first
+(engine/graph.py's capture_graph: Triton compiles, lazily made buffers are allocated); that run's
+exchanges meet the peers' capture runs, which is why every rank must decide alike whether it
+captures (capture_blocker reads only what every rank shares). The capture itself runs nothing, so
+it exchanges nothing.
 
 Only the ipc transport can sit in a graph: its messages are copies into the peer's mapped inbox and
 flag kernels, with the flags' counts on the device, so each replay raises and awaits new values
@@ -25,6 +25,7 @@ import torch
 
 from minisgl.afd.protocol import WorkerSpec
 from minisgl.afd.transport_choice import uses_ipc
+from minisgl.afd.warmup import wanted
 from minisgl.engine.graph import StaticDecodeInputs, capture_graph, check_table_width
 from minisgl.engine.plan import EnginePlan
 from minisgl.forward_batch import ForwardBatch
@@ -49,6 +50,8 @@ def capture_blocker(spec: WorkerSpec, plan: EnginePlan) -> str | None:
         return "the p2p transport (torch.distributed send/recv) cannot be captured in a CUDA graph; --afd-transport ipc can"
     if afd.attn_tp_size > 1:
         return "lanes over several GPUs (--afd-attn-tp-size > 1) are not captured yet"
+    if not wanted(afd.warmup, [spec.device]):
+        return "--afd-warmup off: the graphs are captured in the lock-step warm-up"
     if afd.layer_timing_dir:
         return "per-layer timing marks each layer from the host"
     unsafe = plan.backends.build().graph_unsafe()
@@ -65,18 +68,21 @@ def log_capture_choice(name: str, blocker: str | None, buckets: tuple[int, ...])
 
 
 class LockstepGraphs:
-    """One graph per key, captured on the key's first use with one eager run before it, all sharing
-    one memory pool (a worker replays one step at a time, on one stream)."""
+    """One graph per key, captured in a warm-up step with one eager run before it, all sharing one
+    memory pool (a worker replays one step at a time, on one stream)."""
 
     def __init__(self) -> None:
         self.mempool = torch.cuda.graph_pool_handle()
         self.graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
 
-    def ensure(self, key: Hashable, run: Callable[[], None]) -> None:
+    def capture(self, key: Hashable, run: Callable[[], None]) -> None:
         if key not in self.graphs:
             self.graphs[key] = capture_graph(run, self.mempool, warm_runs=1)
 
     def replay(self, key: Hashable) -> None:
+        if key not in self.graphs:
+            raise ValueError(f"no decode graph was captured for {key} (the lock-step warm-up captures every "
+                             f"bucket; captured: {sorted(self.graphs)})")
         self.graphs[key].replay()
 
     def __len__(self) -> int:
@@ -103,7 +109,8 @@ class AttentionGraphs:
     def __len__(self) -> int:
         return len(self.graphs)
 
-    def _capture(self, bucket: int) -> None:
+    def capture(self, bucket: int) -> None:
+        """Capture the bucket's step (a warm-up step of that bucket, on every rank alike)."""
         if bucket in self.graphs.graphs:
             return
         for inputs in self.inputs:  # the capture's eager run decodes the dummy slot only
@@ -114,14 +121,12 @@ class AttentionGraphs:
             for mb, logits in enumerate(self.forward(batches)):
                 self.logits[mb, :bucket].copy_(logits)
 
-        self.graphs.ensure(bucket, run)
+        self.graphs.capture(bucket, run)
 
     def replay(self, batches: list[ForwardBatch], bucket: int) -> list[torch.Tensor]:
-        """The step's logits [bucket, V] per micro-batch, for batches padded to `bucket` (capturing
-        the bucket's graph first if this is its first step). The views are overwritten by the next
-        replay: the caller samples them on the stream before it."""
+        """The step's logits [bucket, V] per micro-batch, for batches padded to `bucket`. The views
+        are overwritten by the next replay: the caller samples them on the stream before it."""
         check_table_width(self.pool.page_table, self.table_width)
-        self._capture(bucket)
         for inputs, batch in zip(self.inputs, batches, strict=True):
             inputs.load(batch, bucket)
         self.graphs.replay(bucket)
