@@ -19,7 +19,8 @@ class AfdArgs:
     expert_workers: int = arg(1, "N expert workers (EG), expert parallel: each owns num_experts / N routed experts")
     num_mb: int = arg(1, "micro-batches per lane step: 1 = serialized, 2 = ping-pong (the AG computes one "
                          "micro-batch while the EG runs the other's experts)")
-    async_pending_steps: int = arg(2, "launched-but-unretired steps per worker; the coordinator leads by this + 1")
+    async_pending_steps: int = arg(2, "how far a worker's launches run ahead: step k + K is launched before it waits "
+                                          "for step k's tokens; the coordinator leads by K + 1")
     dispatch_dtype: str = arg("bf16", "hidden states on the wire AG -> EG: bf16 (the model dtype) or fp8 "
                                       "(block-quantised, half the bytes)", DISPATCH_DTYPES)
     launcher: str = arg("local", "local: worker processes on this host, one GPU each (see --afd-gpus); ray: placed "

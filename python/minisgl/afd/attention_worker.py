@@ -16,6 +16,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.protocol import AgPlan, Reply, ReqStep, WarmupStep, WorkerSpec
 from minisgl.afd.remote_moe import InFlight, RemoteMoE, StepState
+from minisgl.afd.step_graphs import AttentionGraphs, capture_blocker, log_capture_choice
 from minisgl.afd.transport_choice import make_transport
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
@@ -48,10 +49,11 @@ class AttentionWorker:
         self.name = spec.name
         self.lane = lane
         # The colocated engine's decode graphs stay off here: a step's graph holds the per-layer
-        # exchange, so every rank captures the same buckets in lock step (not built yet; until then
-        # a graph step runs eagerly at its bucket's padded shape).
+        # exchange, so every rank captures the same buckets in lock step (afd/step_graphs.py).
         plan = spec.engine_plan.on_device(spec.device)
         self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
+        blocker = capture_blocker(spec, plan)
+        log_capture_choice(self.name, blocker, self.graph_buckets)
         plan = replace(plan, cuda_graphs=False)
         config, device = plan.config, plan.device
         self.device = device
@@ -75,6 +77,10 @@ class AttentionWorker:
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
+        )
+        self.graphs = None if blocker is not None else AttentionGraphs(
+            self._forward, self.pool, self.engine.max_seq_len, self.graph_buckets, spec.afd_args.num_mb,
+            config.vocab_size,
         )
 
     # -- pool updates ---------------------------------------------------------------------------
@@ -141,6 +147,18 @@ class AttentionWorker:
                 marks.mark(len(self.model.layers), mb, "logits")
         return out
 
+    def _run(self, batches: list[ForwardBatch | None], use_graph: bool, bucket: int,
+             marks: StepMarks | None = None) -> list[torch.Tensor | None]:
+        """A graph step (every micro-batch padded to the bucket) replays its bucket's graph where
+        this run captures; every other step runs eagerly."""
+        if use_graph and self.graphs is not None:
+            return self.graphs.replay(batches, bucket)
+        return self._forward(batches, marks)
+
+    @property
+    def captured_graphs(self) -> int:
+        return 0 if self.graphs is None else len(self.graphs)
+
     @torch.inference_mode()
     def launch(self, plan: AgPlan) -> Launched:
         check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
@@ -159,7 +177,7 @@ class AttentionWorker:
             batches = [self._batch(mb, plan.bucket) for mb in plan.micro_batches]
         else:
             batches = [self._batch(mb, len(mb)) if mb else None for mb in plan.micro_batches]
-        logits = self._forward(batches, marks)
+        logits = self._run(batches, plan.use_graph, plan.bucket, marks)
         rows, rids, slots = [], [], []
         for mb, reqs in enumerate(plan.micro_batches):
             for i, r in enumerate(reqs):
@@ -185,7 +203,10 @@ class AttentionWorker:
         self.step_state.bucket = step.bucket
         vocab = self.engine.config.vocab_size
         shapes = [_padded(s, step.bucket) if step.use_graph else s for s in step.micro_batches]
-        logits = self._forward([shape_batch(s, self.engine.make_batch, vocab) if s.extend else None for s in shapes])
+        batches = [shape_batch(s, self.engine.make_batch, vocab) if s.extend else None for s in shapes]
+        if step.use_graph and self.graphs is not None:  # every rank captures the bucket at this step
+            self.graphs.capture(step.bucket)
+        logits = self._run(batches, step.use_graph, step.bucket)
         rows = [x for x in logits if x is not None]
         if rows and self.lane.is_leader:
             scratch_sample(torch.cat(rows), vocab, self.engine.config.eos_token_ids,

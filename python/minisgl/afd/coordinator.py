@@ -105,6 +105,7 @@ class Coordinator:
         self._inflight: deque[int] = deque()  # step ids sent and not yet fully replied
         self._replies: dict[int, dict[str, Reply]] = {}
         self._step = 0
+        self.graph_steps = 0  # steps planned as decode-graph steps (every rank replays its bucket's graph)
         self._integrity_checks = 0
         self.failure: str | None = None
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
@@ -258,6 +259,7 @@ class Coordinator:
             mbs_per_lane.append((lane, mbs, new, pages))
         largest = max(sum(r.extend_len for r in mb) for _, mbs, _, _ in mbs_per_lane for mb in mbs)
         bucket, use_graph = step_bucket(self.graph_buckets, largest, decode=not prefill)
+        self.graph_steps += use_graph
         workers = self.workers
         for (lane, mbs, new, pages), name in zip(mbs_per_lane, workers.ag_names):
             frees, lane.frees = tuple(lane.frees), []

@@ -12,6 +12,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.layer_timing import StepMarks, make_timer
 from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply, WarmupStep, WorkerSpec
+from minisgl.afd.step_graphs import LockstepGraphs, capture_blocker, log_capture_choice
 from minisgl.afd.transport_choice import make_transport
 from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
@@ -38,10 +39,17 @@ class ExpertWorker:
                                         spec.afd_args.attn_tp_size)
         self.device = device
         self.graph_buckets = decode_graph_buckets(plan, spec.afd_args)
+        blocker = capture_blocker(spec, plan)
+        log_capture_choice(self.name, blocker, self.graph_buckets)
+        self.graphs = None if blocker is not None else LockstepGraphs()
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="expert",
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
         )
+
+    @property
+    def captured_graphs(self) -> int:
+        return 0 if self.graphs is None else len(self.graphs)
 
     @torch.inference_mode()
     def launch(self, plan: EgPlan) -> Launched:
@@ -55,19 +63,34 @@ class ExpertWorker:
 
     @torch.inference_mode()
     def warm_up(self, step: WarmupStep) -> None:
-        """The step's exchanges, as for a real step of its shape (routing travels with the data)."""
+        """The step's exchanges, as for a real step of its shape (routing travels with the data); a
+        graph step's graph is captured first, as every rank captures the bucket at this step."""
+        if step.use_graph and self.graphs is not None:
+            self.graphs.capture((step.bucket, step.num_mb), lambda: self._layers(step.bucket, step.num_mb, None))
         self._exchange(EgPlan(step.step, step.num_mb, step.bucket, step.phase, step.use_graph), None)
         self.transport.check()
 
     def _exchange(self, plan: EgPlan, marks: StepMarks | None) -> None:
+        """A graph step replays the graph of (bucket, num_mb) captured in the warm-up; every other
+        step runs eagerly."""
         check_graph_bucket(plan.step, plan.bucket, plan.use_graph, self.graph_buckets)
-        order = [(layer, mb) for layer in range(self.num_layers) for mb in range(plan.num_mb)]
+        if plan.use_graph and self.graphs is not None:
+            self.graphs.replay((plan.bucket, plan.num_mb))
+        else:
+            self._layers(plan.bucket, plan.num_mb, marks)
+
+    def _layers(self, bucket: int, num_mb: int, marks: StepMarks | None) -> None:
+        """Every (layer, micro-batch) exchange of a step: receive, compute, send. Every message has
+        the bucket's M x bucket rows, padding included (rows routed to expert -1 compute nothing; a
+        graph step's padding rows are the attention workers' dummy decodes, whose partial sums they
+        drop), so the shapes are static and a graph holds the whole step."""
+        order = [(layer, mb) for layer in range(self.num_layers) for mb in range(num_mb)]
         sends: dict[int, list] = {}
-        nxt = self.transport.post_receive(0, plan.bucket)
+        nxt = self.transport.post_receive(0, bucket)
         for i, (layer, mb) in enumerate(order):
             hidden, ids, weights = self.transport.receive(nxt)
             if i + 1 < len(order):
-                nxt = self.transport.post_receive(order[i + 1][1], plan.bucket)
+                nxt = self.transport.post_receive(order[i + 1][1], bucket)
             if marks is not None:
                 marks.mark(layer, mb, "received")
             out = self.shard.stage(layer)(hidden, ids, weights)
@@ -75,7 +98,7 @@ class ExpertWorker:
                 marks.mark(layer, mb, "computed")
             for w in sends.pop(mb, []):  # this micro-batch's send buffer is about to be reused
                 w.wait()
-            sends[mb] = self.transport.send_combine(mb, plan.bucket, out)
+            sends[mb] = self.transport.send_combine(mb, bucket, out)
             if marks is not None:
                 marks.mark(layer, mb, "sent")
         for works in sends.values():

@@ -175,12 +175,14 @@ class WarmupStep:
 class WarmupReply:
     """A worker's answer to a warm-up step: what the step cost it, for a planner of the attention
     workers' pools. peak_bytes: device memory allocated at the step's peak beyond what was allocated
-    before it (None off CUDA); compiles: Triton compiles and autotuning runs during the step."""
+    before it (None off CUDA); compiles: Triton compiles and autotuning runs during the step;
+    graphs: the decode-step CUDA graphs the worker holds after the step (afd/step_graphs.py)."""
 
     step: int
     worker: str
     peak_bytes: int | None
     compiles: int
+    graphs: int = 0
 
 
 @dataclass(frozen=True)

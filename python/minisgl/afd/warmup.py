@@ -80,6 +80,10 @@ class WarmupReport:
         return {w: None if any(r[w].peak_bytes is None for r in self.replies)
                 else max(r[w].peak_bytes for r in self.replies) for w in workers}
 
+    def graphs(self) -> dict[str, int]:
+        """The decode-step CUDA graphs each worker holds after the warm-up (0 where they run eagerly)."""
+        return {w: r.graphs for w, r in self.replies[-1].items()} if self.replies else {}
+
     def describe(self) -> str:
         peaks = self.peak_bytes()
         peak = ("not measured off CUDA" if any(p is None for p in peaks.values()) else
@@ -87,4 +91,5 @@ class WarmupReport:
         compiles = self.compiles()
         return (f"AFD warm-up: {self.steps} lock-step steps in {self.seconds:.1f} s; Triton compiles/autotunes "
                 f"{sum(compiles.values())} (" + ", ".join(f"{w} {n}" for w, n in compiles.items())
-                + f"); largest step beyond the pool: {peak}")
+                + f"); largest step beyond the pool: {peak}; decode graphs held: "
+                + (", ".join(f"{w} {n}" for w, n in sorted(self.graphs().items())) or "none"))

@@ -34,6 +34,7 @@ class StepRunner(Protocol):
     name: str
     device: torch.device
     graph_buckets: tuple[int, ...]  # the decode buckets it prepared
+    captured_graphs: int  # the decode-step CUDA graphs it holds (0 where its graph steps run eagerly)
 
     def launch(self, plan: Any) -> Any: ...
 
@@ -77,14 +78,16 @@ def warm_up(runner: StepRunner, step: WarmupStep) -> WarmupReply:
     if cuda:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
-    return WarmupReply(step.step, runner.name, peak, compile_watch.compile_count() - compiles)
+    return WarmupReply(step.step, runner.name, peak, compile_watch.compile_count() - compiles, runner.captured_graphs)
 
 
 def serve(
     runner: StepRunner, chan: ControlChannel, depth: int, parent_pid: int | None, profiler: StepProfiler | None = None
 ) -> None:
-    """Launch plans as they come; retire the oldest when `depth` are in flight, or when idle. Warm-up
-    steps, which come before any plan, run to their end at once: each reply carries a measurement."""
+    """Launch plans as they come; once more than `depth` are launched, retire the oldest (so step
+    k + depth is enqueued on the device before the host waits for step k's tokens, and a graph
+    replay never waits for the host), and retire when idle. Warm-up steps, which come before any
+    plan, run to their end at once: each reply carries a measurement."""
     pending: deque = deque()
     while True:
         msg = chan.recv(0 if pending else _IDLE_POLL_MS)
@@ -104,11 +107,11 @@ def serve(
         if isinstance(msg, WarmupStep):
             chan.send(warm_up(runner, msg))
             continue
-        if len(pending) >= depth:
-            chan.send(runner.retire(pending.popleft()))
         if profiler is not None:
             profiler.before_step(msg.step)
         pending.append(runner.launch(msg))
+        if len(pending) > depth:  # step k + depth is enqueued before the host waits on step k's tokens
+            chan.send(runner.retire(pending.popleft()))
 
 
 def init_distributed(spec: WorkerSpec) -> None:

@@ -8,6 +8,8 @@ the dummy state slot (0) and the dummy table row, whose pages all point at the d
 from __future__ import annotations
 
 import bisect
+from typing import Callable
+
 import torch
 
 from minisgl.forward_batch import ForwardBatch
@@ -64,6 +66,11 @@ class StaticDecodeInputs:
             prefix_lens=(0,) * bs, extend_lens=(1,) * bs,
         )
 
+    def clear(self) -> None:
+        """Every row padding: what a capture's eager warm-up run reads, so it writes no request's state."""
+        for buf, _, pad in self._fields:
+            buf.fill_(pad)
+
     def load(self, batch: ForwardBatch, bucket: int) -> None:
         """Copy a decode batch in and pad it to `bucket` rows."""
         if not batch.is_decode:
@@ -72,6 +79,22 @@ class StaticDecodeInputs:
         for buf, name, pad in self._fields:
             buf[:bs].copy_(getattr(batch, name), non_blocking=True)
             buf[bs:bucket].fill_(pad)
+
+
+def capture_graph(run: Callable[[], None], mempool: tuple, warm_runs: int) -> torch.cuda.CUDAGraph:
+    """Capture `run` (which writes its results into static buffers) after `warm_runs` eager runs on
+    a side stream, so Triton compiles and autotunes, and lazily made buffers are allocated, outside
+    the capture. The graphs sharing `mempool` must never run concurrently."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warm_runs):
+            run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=mempool):
+        run()
+    return graph
 
 
 class DecodeGraphRunner:
@@ -97,19 +120,14 @@ class DecodeGraphRunner:
     @torch.inference_mode()
     def _capture(self, bs: int) -> None:
         batch = self.inputs.batch(bs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up: triton compiles and autotunes outside capture
-            for _ in range(2):
-                warm = self.model(batch, self.pool)
-        torch.cuda.current_stream().wait_stream(stream)
-        if self.logits is None:  # the largest bucket is captured first
-            self.logits = torch.empty_like(warm)
-        del warm
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.mempool):
-            self.logits[:bs].copy_(self.model(batch, self.pool))
-        self.graphs[bs] = graph
+
+        def run() -> None:
+            out = self.model(batch, self.pool)
+            if self.logits is None:  # the largest bucket is captured first, its warm-up run first of all
+                self.logits = torch.empty_like(out)
+            self.logits[:bs].copy_(out)
+
+        self.graphs[bs] = capture_graph(run, self.mempool, warm_runs=2)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and batch.batch_size <= self.buckets[-1]
