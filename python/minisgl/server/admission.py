@@ -48,6 +48,10 @@ def unholdable(value: Any, path: str, ints: bool = True) -> tuple[str, str] | No
     elif isinstance(value, Mapping):
         pairs = value.items()
     elif isinstance(value, Sequence):
+        # Token ids in bulk (type() is exact: a bool is not a token id): a per-element walk costs
+        # milliseconds on a long prompt, on the one event loop that streams every response.
+        if value and set(map(type, value)) == {int} and (not ints or INT_MIN <= min(value) and max(value) <= INT_MAX):
+            return None
         return next(filter(None, (unholdable(v, f"{path}[{i}]", ints) for i, v in enumerate(value))), None)
     else:
         return None
