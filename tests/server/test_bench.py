@@ -120,3 +120,34 @@ def test_percentiles_are_numpys() -> None:
     assert s["p99_ttft_ms"] == pytest.approx(397.0) and s["median_ttft_ms"] == pytest.approx(250.0)
     assert s["std_ttft_ms"] == pytest.approx(111.80339887)  # population std of 100, 200, 300, 400
     assert s["max_itl_ms"] == pytest.approx(10.0)
+
+
+def test_concurrency_cap_spans_several_clients(monkeypatch) -> None:
+    """Streams are spread over httpx clients of CONNECTIONS_PER_CLIENT connections each (one pool
+    over hundreds of streams costs the client more CPU than the responses); the cap still holds
+    over all of them, and no client carries more streams than its pool has connections."""
+    import asyncio
+
+    from minisgl.bench import serve
+    from minisgl.bench.dataset import BenchRequest
+    from minisgl.bench.report import RequestResult
+
+    live: dict[int, int] = {}
+    peak = {"all": 0, "client": 0}
+
+    async def fake_one(client, cfg, req):  # noqa: ANN001, ANN202
+        live[id(client)] = live.get(id(client), 0) + 1
+        peak["all"] = max(peak["all"], sum(live.values()))
+        peak["client"] = max(peak["client"], live[id(client)])
+        await asyncio.sleep(0.002 * (req.output_len % 5 + 1))
+        live[id(client)] -= 1
+        return RequestResult(True, len(req.prompt_ids), req.output_len, 0.01, 0.005, ())
+
+    monkeypatch.setattr(serve, "_one", fake_one)
+    cap = serve.CONNECTIONS_PER_CLIENT + 8
+    reqs = [BenchRequest((1, 2, 3), i) for i in range(200)]
+    cfg = serve.ServeConfig("http://127.0.0.1:9", "m", float("inf"), cap, True, 1)
+    results, _ = asyncio.run(serve.run(cfg, reqs, progress=False))
+    assert [r.output_len for r in results] == list(range(200))  # in request order
+    assert peak["all"] == cap and peak["client"] == serve.CONNECTIONS_PER_CLIENT
+    assert len(live) == 2  # both clients carried streams
