@@ -54,11 +54,14 @@ class Submission:
         """Outputs of every choice as they come, until each has finished."""
         left = set(self.rids)
         while left:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), WAIT_SLICE)
-            except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
-                self.client.check_alive()
-                continue
+            if not self.queue.empty():  # under load usually: no wait_for (a task per call) needed
+                item = self.queue.get_nowait()
+            else:
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), WAIT_SLICE)
+                except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
+                    self.client.check_alive()
+                    continue
             if isinstance(item, EngineUnavailable):
                 raise item
             if item.finished:
