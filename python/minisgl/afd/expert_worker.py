@@ -14,6 +14,7 @@ from minisgl.afd.expert_stage import ExpertShard
 from minisgl.afd.protocol import EgPlan, Reply, WarmupStep, WorkerSpec
 from minisgl.afd.step_graphs import LockstepGraphs, capture_blocker, log_capture_choice
 from minisgl.afd.transport_choice import make_transport
+from minisgl.models.dummy_weights import init_dummy_weights
 from minisgl.models.materialize import build_module
 from minisgl.models.weights import WeightFilter, load_weights
 
@@ -33,7 +34,10 @@ class ExpertWorker:
         start, end = ExpertPlan(config.num_experts, spec.afd_args.expert_workers).owned(spec.index)
         backend = plan.backends.build_one("moe")
         self.shard = build_module(lambda: ExpertShard(config, start, end - start, backend), dtype, device, plan.fp8)
-        load_weights(self.shard, plan.model_path, config, WeightFilter.expert_worker(start, end))
+        if plan.args.load_format == "dummy":  # the colocated engine's values for these experts
+            init_dummy_weights(self.shard, plan.args.seed)
+        else:
+            load_weights(self.shard, plan.model_path, config, WeightFilter.expert_worker(start, end))
         self.num_layers = config.num_layers
         self.transport = make_transport(spec, config.hidden_size, config.top_k, dtype, device,
                                         spec.afd_args.attn_tp_size)

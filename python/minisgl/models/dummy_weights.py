@@ -8,16 +8,22 @@ about sqrt(2L) (~10 at 48 layers): finite in bf16 with room to spare. Router log
 routing spreads over the experts the way a trained router's does at a batch's scale. FP8 weights
 hold N(0, 1) codes (e4m3 keeps ~2 significant bits of precision over that range) and a scale of
 1/sqrt(fan_in) per block.
+
+Each param draws from its own generator, seeded by the seed and its name, and each routed expert
+from one seeded by its global index as well: an AFD attention worker (no routed experts) and an
+expert worker (a slice of them) then hold exactly the colocated engine's values.
 """
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 from torch import nn
 
 from minisgl.layers.fp8 import FP8_DTYPE
 from minisgl.layers.norm import GatedRMSNorm, RMSNorm
+from minisgl.moe.local_moe import ExpertWeights
 
 _CHUNK_ELEMENTS = 1 << 26  # random draws per kernel: bounds the temporary at 128 MiB of bf16
 
@@ -45,12 +51,22 @@ def _init_param(module: nn.Module, name: str, p: torch.Tensor, gen: torch.Genera
         _fill_normal(p, 1.0 / math.sqrt(p.shape[-1]), 0.0, gen)
 
 
+def _generator(seed: int, key: str, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed((seed * 0x9E3779B1 + zlib.crc32(key.encode())) % (1 << 63))
+
+
 def init_dummy_weights(model: nn.Module, seed: int) -> None:
     """Fill every param of `model` (already on its device) with seeded random values."""
     device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
-        for module in model.modules():
+        for prefix, module in model.named_modules():
             for name, p in module.named_parameters(recurse=False):
-                if not name.endswith("_scale_inv"):  # set with its FP8 weight
-                    _init_param(module, name, p.data, gen)
+                if name.endswith("_scale_inv"):  # set with its FP8 weight
+                    continue
+                key = f"{prefix}.{name}"
+                if isinstance(module, ExpertWeights):  # [count, ...]: one draw per global expert id
+                    for e in range(module.count):
+                        gen = _generator(seed, f"{key}[{module.start + e}]", device)
+                        _init_param(module, name, p.data[e : e + 1], gen)
+                else:
+                    _init_param(module, name, p.data, _generator(seed, key, device))
