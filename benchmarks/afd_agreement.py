@@ -55,15 +55,23 @@ def greedy(n: int):
     return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
 
 
-def decode_ms(llm, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
+def decode_timing(llm, batch: int, prompt_len: int, steps: int, vocab: int) -> dict:
+    """The decode step's wall ms; under AFD also each worker's host ms launching a decode step."""
+    from minisgl.afd.launch_times import mean_ms_between
+
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    afd = getattr(llm.scheduler, "decode_launch", None)
     t0 = time.monotonic()
     llm.generate(prompts, greedy(1), use_tqdm=False)
     t1 = time.monotonic()
+    before = afd.totals() if afd is not None else {}
     llm.generate(prompts, greedy(steps + 1), use_tqdm=False)
     t2 = time.monotonic()
-    return ((t2 - t1) - (t1 - t0)) / steps * 1e3
+    out = {"decode_ms": round(((t2 - t1) - (t1 - t0)) / steps * 1e3, 2)}
+    if afd is not None:
+        out["launch_ms"] = mean_ms_between(before, afd.totals())
+    return out
 
 
 def run_phase(phase: str, args: argparse.Namespace, ref: dict | None) -> dict:
@@ -95,7 +103,7 @@ def run_phase(phase: str, args: argparse.Namespace, ref: dict | None) -> dict:
         reference = out["greedy"] if ref is None else ref["greedy"]
         forced = [p + c[:j] for p, c in zip(prompts, reference) for j in range(args.positions)]
         out["forced_top1"] = [r.token_ids[0] for r in llm.generate(forced, greedy(1), use_tqdm=False)]
-        out["decode_ms"] = round(decode_ms(llm, args.batch, args.timing_prompt, args.steps, vocab), 2)
+        out.update(decode_timing(llm, args.batch, args.timing_prompt, args.steps, vocab))
         if afd is not None:
             out["graph_steps"] = llm.scheduler.graph_steps
             out["warmup"] = llm.scheduler.warmup.describe()

@@ -23,6 +23,7 @@ from minisgl.afd.args import AfdArgs
 from minisgl.afd.buckets import largest_bucket, step_bucket
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
+from minisgl.afd.launch_times import LaunchTimes
 from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep
 from minisgl.afd.warmup import WarmupReport, wanted, warmup_steps
@@ -106,6 +107,8 @@ class Coordinator:
         self._replies: dict[int, dict[str, Reply]] = {}
         self._step = 0
         self.graph_steps = 0  # steps planned as decode-graph steps (every rank replays its bucket's graph)
+        self._decode_steps: set[int] = set()  # in flight
+        self.decode_launch = LaunchTimes()
         self._integrity_checks = 0
         self.failure: str | None = None
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
@@ -274,6 +277,8 @@ class Coordinator:
             workers.send(name, data)
         self.plan_bytes.append(size)
         self._inflight.append(step)
+        if not prefill:
+            self._decode_steps.add(step)
         return True
 
     # -- replies --------------------------------------------------------------------------------
@@ -285,7 +290,11 @@ class Coordinator:
             if isinstance(msg, Reply):
                 self._replies.setdefault(msg.step, {})[msg.worker] = msg
         touched: dict[int, Request] = {}
+        decode = step in self._decode_steps
+        self._decode_steps.discard(step)
         for reply in self._replies.pop(step).values():
+            if decode:
+                self.decode_launch.add(reply.worker, reply.launch_s)
             for wire, tok in reply.tokens:
                 r = self._by_wire.get(wire)
                 if r is None:  # aborted or finished while this step was in flight

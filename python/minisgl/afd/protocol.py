@@ -192,8 +192,10 @@ class Shutdown:
 
 @dataclass(frozen=True)
 class Reply:
-    """A worker's answer for one retired step: (rid, token) for every request that sampled."""
+    """A worker's answer for one retired step: (rid, token) for every request that sampled, and the
+    host seconds its launch took (enqueueing the step's work, not running it)."""
 
     step: int
     worker: str
     tokens: tuple[tuple[str, int], ...] = ()
+    launch_s: float = 0.0

@@ -6,8 +6,10 @@ import logging
 import os
 import pickle
 import sys
+import time
 import traceback
 from collections import deque
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -88,19 +90,24 @@ def serve(
     k + depth is enqueued on the device before the host waits for step k's tokens, and a graph
     replay never waits for the host), and retire when idle. Warm-up steps, which come before any
     plan, run to their end at once: each reply carries a measurement."""
-    pending: deque = deque()
+    pending: deque[tuple[Any, float]] = deque()  # (launched step, host seconds its launch took)
+
+    def retire() -> Reply:
+        launched, launch_s = pending.popleft()
+        return replace(runner.retire(launched), launch_s=launch_s)
+
     while True:
         msg = chan.recv(0 if pending else _IDLE_POLL_MS)
         if msg is None:
             if pending:
-                chan.send(runner.retire(pending.popleft()))
+                chan.send(retire())
             elif parent_pid is not None and os.getppid() != parent_pid:
                 logger.error("coordinator (pid %d) is gone; exiting", parent_pid)
                 return
             continue
         if isinstance(msg, Shutdown):
             while pending:
-                chan.send(runner.retire(pending.popleft()))
+                chan.send(retire())
             if profiler is not None:
                 profiler.finish()
             return
@@ -109,9 +116,11 @@ def serve(
             continue
         if profiler is not None:
             profiler.before_step(msg.step)
-        pending.append(runner.launch(msg))
+        started = time.perf_counter()
+        launched = runner.launch(msg)
+        pending.append((launched, time.perf_counter() - started))
         if len(pending) > depth:  # step k + depth is enqueued before the host waits on step k's tokens
-            chan.send(runner.retire(pending.popleft()))
+            chan.send(retire())
 
 
 def init_distributed(spec: WorkerSpec) -> None:
