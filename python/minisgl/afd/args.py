@@ -43,11 +43,13 @@ class AfdArgs:
                                  "context (balanced full-attention context)", MB_SPLITS)
     layer_timing_dir: str | None = arg(None, "write per-layer timing JSON per step and worker here (off when "
                                              "unset, at no cost)")
-    # Opt-in until the workers capture: on a GPU the padded, unmixed steps would only cost, and that
-    # path has not run there. The CPU tests turn it on to check the planning and padding over gloo.
+    # Opt-in until measured on distinct GPUs: on one GPU (the only place it has run) a graph step of
+    # the 122B took as long as an eager one, both bound by the workers' time slices
+    # (docs/benchmarks.md, ninth session), while decode-only steps delay prefill.
     graph_buckets: bool = arg(False, "plan decode steps in decode-graph buckets (decode-only steps, every "
-                                     "micro-batch padded to a bucket); the workers capture no graphs yet, so "
-                                     "these steps run eagerly")
+                                     "micro-batch padded to a bucket), which the workers replay as CUDA graphs "
+                                     "where they can capture them (the ipc transport on GPUs) and run eagerly "
+                                     "elsewhere, saying why")
     # Off on the CPU by default: nothing compiles there and no planner measures, and the steps up to
     # the largest prefill cost seconds; the CPU tests turn it on to check the lock step over gloo.
     warmup: str = arg("auto", "lock-step warm-up of every step shape through every worker before ready: auto (on "
