@@ -127,6 +127,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run on a small model dir")
     ap.add_argument("--out", required=True)
     ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--reference", help="an earlier run's JSON whose colocated phase (same flags) is the reference")
     ap.add_argument("--num-mb", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -151,6 +152,9 @@ def main() -> None:
             json.dump(result, f)
         return
     results: dict = {"model": args.model, "num_mb": args.num_mb, "batch": args.batch}
+    if args.reference:
+        with open(args.reference) as f:
+            results["colocated"] = json.load(f)["colocated"]
     for phase in args.phases.split(","):
         with open(args.out, "w") as f:
             json.dump(results, f)
