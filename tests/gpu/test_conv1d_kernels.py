@@ -11,6 +11,7 @@ pytest.importorskip("triton")  # CPU-only installs collect these files and skip 
 
 from minisgl.gdn.torch_backend import TorchGDNBackend
 from minisgl.kernels.conv1d import conv1d_prefill, conv1d_update
+from minisgl.kernels.planar_out import PlanarOut
 
 pytestmark = pytest.mark.gpu
 
@@ -89,3 +90,38 @@ def test_conv1d_prefill_tilings(block_t: int, block_c: int, num_warps: int) -> N
     out = conv1d_prefill(x, weight, cu, state, slots, block_t=block_t, block_c=block_c, num_warps=num_warps)
     assert_close(out, ref, TOL[torch.bfloat16], "conv prefill output")
     assert torch.equal(state[slots], ref_state[slots])
+
+
+@pytest.mark.parametrize("bounds", [(16, 32), (2048, 4096), (0, 40)], ids=["tiny", "122b-qkv", "empty-blocks"])
+def test_mixed_step_into_planar_blocks(bounds: tuple[int, int]) -> None:
+    """A mixed step's conv as the GDN mixer runs it: 3 decode rows (one padding) through the update
+    kernel, then 3 prefill requests from row 3, into one PlanarOut; each column block must hold the
+    reference's columns, contiguous, every row written."""
+    channels = 40 if bounds[1] <= 40 else CHANNELS[1]
+    weight, state = make(channels, 4, torch.bfloat16)
+    dec_slots = torch.tensor([3, 0, 7], device=DEVICE)
+    pre_slots = torch.tensor([5, 9, 1], device=DEVICE)
+    lengths = [4, 70, 1]
+    cu = F.pad(torch.tensor(lengths, device=DEVICE).cumsum(0), (1, 0)).to(torch.int32)
+    xd = torch.randn(3, channels, dtype=torch.bfloat16, device=DEVICE)
+    xp = torch.randn(sum(lengths), channels, dtype=torch.bfloat16, device=DEVICE)
+
+    ref_state = state.clone()
+    ref = torch.cat([TorchGDNBackend().conv_decode(xd, weight, ref_state, dec_slots),
+                     TorchGDNBackend().conv_prefill(xp, weight, cu, ref_state, pre_slots)])
+    out = PlanarOut.empty(ref.shape[0], channels, bounds, torch.bfloat16, DEVICE)
+    out.flat.copy_(poisoned(out.flat.numel(), dtype=torch.bfloat16))
+    conv1d_update(xd, weight, state, dec_slots, out=out)
+    conv1d_prefill(xp, weight, cu, state, pre_slots, out=out.from_row(3), max_len=max(lengths))
+
+    b1, b2 = bounds
+    for part, (s, e) in zip(out.parts(), ((0, b1), (b1, b2), (b2, channels))):
+        assert part.is_contiguous() and part.shape == (ref.shape[0], e - s)
+        if e == s:
+            continue
+        live = torch.ones(ref.shape[0], dtype=torch.bool, device=DEVICE)
+        live[1] = False  # the padding decode row outputs zeros
+        assert_close(part[live], ref[live, s:e], TOL[torch.bfloat16], f"columns {s}:{e}")
+        assert (part[1] == 0).all()
+    # Slot 0 aside: the reference computes the padding row on it (scratch), the kernel leaves it.
+    assert torch.equal(state[1:], ref_state[1:]), "the windows of every slot are copies of inputs: exact"

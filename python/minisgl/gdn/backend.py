@@ -10,6 +10,7 @@ from typing import Protocol, Sequence, runtime_checkable
 from torch import Tensor
 
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.kernels.planar_out import PlanarOut
 
 
 @runtime_checkable
@@ -19,14 +20,18 @@ class GDNBackend(Protocol):
     cuda_graph_safe: bool
 
     def conv_prefill(
-        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
-    ) -> Tensor:
-        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C].
-        max_len: the longest request when the caller knows it on the host (it sizes a kernel's grid)."""
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
+        max_len: int | None = None, out: PlanarOut | None = None,
+    ) -> Tensor | PlanarOut:
+        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
+        or into `out`'s rows from its row0 (returned). max_len: the longest request when the caller
+        knows it on the host (it sizes a kernel's grid)."""
         ...
 
-    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
-        """x [B, C], one token per request -> [B, C]; each slot's window shifts by one."""
+    def conv_decode(
+        self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None
+    ) -> Tensor | PlanarOut:
+        """x [B, C], one token per request -> [B, C] (or into `out`); each slot's window shifts by one."""
         ...
 
     def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,

@@ -19,6 +19,14 @@ from torch import Tensor
 
 from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, prepare_qk
+from minisgl.kernels.planar_out import PlanarOut
+
+
+def _written(values: Tensor, out: PlanarOut | None) -> Tensor | PlanarOut:
+    if out is None:
+        return values
+    out.write(values)
+    return out
 
 
 class TorchGDNBackend:
@@ -27,29 +35,33 @@ class TorchGDNBackend:
     cuda_graph_safe = True  # decode reads only device tensors (prefill is never captured)
 
     def conv_prefill(
-        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
-    ) -> Tensor:
-        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C].
-        max_len: the longest request, when the caller knows it on the host (sizes a GPU kernel's grid)."""
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
+        max_len: int | None = None, out: PlanarOut | None = None,
+    ) -> Tensor | PlanarOut:
+        """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
+        or into `out` from its row0. max_len: the longest request, when the caller knows it on the
+        host (sizes a GPU kernel's grid)."""
         channels, width = weight.shape
         kernel = weight.float()[:, None, :]
-        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         bounds = cu_seqlens.tolist()
         for i, slot in enumerate(slots.tolist()):
             start, end = bounds[i], bounds[i + 1]
             # History then this request's inputs, [C, W-1+L]; a valid conv over it yields exactly L outputs.
             seq = torch.cat([conv_state[slot].float(), x[start:end].float().T], dim=1)
-            out[start:end] = F.silu(F.conv1d(seq[None], kernel, groups=channels)[0]).T
+            y[start:end] = F.silu(F.conv1d(seq[None], kernel, groups=channels)[0]).T
             # The last W-1 columns include old history when L < W-1, so short requests shift the state.
             conv_state[slot] = seq[:, seq.shape[1] - (width - 1) :]
-        return out.to(x.dtype)
+        return _written(y.to(x.dtype), out)
 
-    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
-        """x [B, C], one token per request -> [B, C]; each slot's window shifts by one."""
+    def conv_decode(
+        self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None
+    ) -> Tensor | PlanarOut:
+        """x [B, C], one token per request -> [B, C] (or into `out`); each slot's window shifts by one."""
         seq = torch.cat([conv_state[slots].float(), x.float()[:, :, None]], dim=2)  # [B, C, W]
-        out = F.silu((seq * weight.float()).sum(-1))
+        y = F.silu((seq * weight.float()).sum(-1))
         conv_state[slots] = seq[:, :, 1:].to(conv_state.dtype)
-        return out.to(x.dtype)
+        return _written(y.to(x.dtype), out)
 
     def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
                       lengths: Sequence[int] | None = None) -> Tensor:

@@ -16,16 +16,20 @@ from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.torch_backend import TorchGDNBackend
 from minisgl.kernels.conv1d import conv1d_prefill, conv1d_update
 from minisgl.kernels.gated_delta_decode import gated_delta_decode
+from minisgl.kernels.planar_out import PlanarOut
 
 
 class TritonGDNBackend(TorchGDNBackend):
     def conv_prefill(
-        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor, max_len: int | None = None
-    ) -> Tensor:
-        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, max_len=max_len)
+        self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
+        max_len: int | None = None, out: PlanarOut | None = None,
+    ) -> Tensor | PlanarOut:
+        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, out=out, max_len=max_len)
 
-    def conv_decode(self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor) -> Tensor:
-        return conv1d_update(x, weight, conv_state, slots)
+    def conv_decode(
+        self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None
+    ) -> Tensor | PlanarOut:
+        return conv1d_update(x, weight, conv_state, slots, out=out)
 
     def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:
         return gated_delta_decode(inp.q, inp.k, inp.v, inp.a, inp.b, inp.A_log, inp.dt_bias, ssm_state, slots)

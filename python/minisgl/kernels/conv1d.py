@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.planar_out import PlanarOut
+
 SUPPORTED_WIDTHS = (2, 3, 4)
 
 
@@ -20,10 +22,22 @@ def _silu(x):
 
 
 @triton.jit
+def _out_offsets(rows, cols, stride_out, out_rows, split1, split2, channels, PLANAR: tl.constexpr):
+    """Element offsets of out[rows, cols]: rows of stride_out, or PlanarOut's column blocks."""
+    if PLANAR:
+        start = tl.where(cols >= split2, split2, tl.where(cols >= split1, split1, 0))
+        end = tl.where(cols >= split2, channels, tl.where(cols >= split1, split2, split1))
+        return start.to(tl.int64) * out_rows + rows * (end - start) + (cols - start)
+    else:
+        return rows * stride_out + cols
+
+
+# Per-step sizes must not specialise (a new compile after warm-up): the output's rows and first row.
+@triton.jit(do_not_specialize=["out_rows", "row0"])
 def _conv1d_update_kernel(
     x_ptr, w_ptr, state_ptr, slot_ptr, out_ptr,
-    stride_x, stride_w, stride_slot, stride_c, stride_out, channels,
-    KERNEL_WIDTH: tl.constexpr, BLOCK_C: tl.constexpr,
+    stride_x, stride_w, stride_slot, stride_c, stride_out, channels, out_rows, row0, split1, split2,
+    KERNEL_WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, PLANAR: tl.constexpr,
 ):
     row = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -57,7 +71,8 @@ def _conv1d_update_kernel(
         acc += s0.to(tl.float32) * tl.load(w + 0, mask=cmask, other=0.0).to(tl.float32)
         tl.store(st + 0, x.to(s0.dtype), mask=smask)
     y = tl.where(slot != 0, _silu(acc), 0.0)
-    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
+    offsets = _out_offsets(row0 + row.to(tl.int64), cols, stride_out, out_rows, split1, split2, channels, PLANAR)
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -69,11 +84,11 @@ def _seq_value(x_ptr, state_col_ptr, start, p, stride_x, cols, cmask, smask, KER
     return xv.to(tl.float32) + sv.to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["out_rows", "row0"])
 def _conv1d_prefill_kernel(
     x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, out_ptr,
-    stride_x, stride_w, stride_slot, stride_c, stride_out, channels,
-    KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+    stride_x, stride_w, stride_slot, stride_c, stride_out, channels, out_rows, row0, split1, split2,
+    KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PLANAR: tl.constexpr,
 ):
     block = tl.program_id(1)
     req = tl.program_id(2)
@@ -107,7 +122,9 @@ def _conv1d_prefill_kernel(
             acc += sv.to(tl.float32) * wj[None, :]
     y = tl.where(slot != 0, _silu(acc), 0.0)
     omask = tmask[:, None] & cmask[None, :]
-    tl.store(out_ptr + (start + t)[:, None] * stride_out + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=omask)
+    offsets = _out_offsets((row0 + start + t)[:, None], cols[None, :], stride_out, out_rows, split1, split2, channels,
+                           PLANAR)
+    tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=omask)
 
     # Only block 0 reads the old state (BLOCK_T >= W-1), so it alone writes the final state, after a
     # barrier that orders every thread's reads above before any write below.
@@ -138,24 +155,39 @@ def _check(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor) -> i
     return width
 
 
+def _out_args(x: torch.Tensor, out: torch.Tensor | PlanarOut) -> tuple:
+    """(tensor, stride_out, out_rows, row0, split1, split2, PLANAR) for the kernels' output."""
+    if isinstance(out, PlanarOut):
+        if out.channels != x.shape[1] or out.row0 + x.shape[0] > out.rows or out.flat.dtype != x.dtype:
+            raise ValueError(f"planar output of {out.rows} x {out.channels} {out.flat.dtype} from row {out.row0} "
+                             f"cannot take x {tuple(x.shape)} {x.dtype}")
+        return (out.flat, 0, out.rows, out.row0, *out.bounds, True)
+    if out.shape != x.shape or out.stride(1) != 1:
+        raise ValueError(f"out {tuple(out.shape)} must match x {tuple(x.shape)} with contiguous channels")
+    return (out, out.stride(0), out.shape[0], 0, x.shape[1], x.shape[1], False)
+
+
 def conv1d_update(
     x: torch.Tensor,
     weight: torch.Tensor,
     conv_state: torch.Tensor,
     slots: torch.Tensor,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | PlanarOut | None = None,
     block_c: int = 256,
-) -> torch.Tensor:
-    """x [B, C] (one token per request), weight [C, W], conv_state [S, C, W-1] -> [B, C] in x's dtype.
-    Shifts each slot's window by one in place; rows with slot 0 output zeros and touch no state."""
+) -> torch.Tensor | PlanarOut:
+    """x [B, C] (one token per request), weight [C, W], conv_state [S, C, W-1] -> [B, C] in x's dtype
+    (or into a PlanarOut's rows from its row0). Shifts each slot's window by one in place; rows with
+    slot 0 output zeros and touch no state."""
     width = _check(x, weight, conv_state)
     out = torch.empty_like(x) if out is None else out
+    tensor, stride_out, out_rows, row0, split1, split2, planar = _out_args(x, out)
     batch, channels = x.shape
     grid = (triton.cdiv(channels, block_c), batch)
     _conv1d_update_kernel[grid](
-        x, weight, conv_state, slots, out,
-        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,
-        KERNEL_WIDTH=width, BLOCK_C=block_c,
+        x, weight, conv_state, slots, tensor,
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), stride_out, channels,
+        out_rows, row0, split1, split2,
+        KERNEL_WIDTH=width, BLOCK_C=block_c, PLANAR=planar,
     )
     return out
 
@@ -166,18 +198,20 @@ def conv1d_prefill(
     cu_seqlens: torch.Tensor,
     conv_state: torch.Tensor,
     slots: torch.Tensor,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | PlanarOut | None = None,
     max_len: int | None = None,
     block_t: int = 64,
     block_c: int = 128,
     num_warps: int = 4,
-) -> torch.Tensor:
+) -> torch.Tensor | PlanarOut:
     """x [T, C] varlen over requests delimited by cu_seqlens [B+1]; each request starts from its slot's
-    state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1)."""
+    state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1).
+    Writes [T, C] in x's dtype, or a PlanarOut's rows from its row0."""
     width = _check(x, weight, conv_state)
     if block_t < width - 1:
         raise ValueError(f"block_t={block_t} must cover the {width - 1} state columns the first block reads")
     out = torch.empty_like(x) if out is None else out
+    tensor, stride_out, out_rows, row0, split1, split2, planar = _out_args(x, out)
     channels = x.shape[1]
     batch = cu_seqlens.shape[0] - 1
     # Blocks past a request's end return at once. Without max_len (the longest request, a host
@@ -185,8 +219,9 @@ def conv1d_prefill(
     # cu_seqlens would cost a host sync in every GDN layer.
     grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len or x.shape[0], block_t), batch)
     _conv1d_prefill_kernel[grid](
-        x, weight, conv_state, slots, cu_seqlens, out,
-        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0), channels,
-        KERNEL_WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps,
+        x, weight, conv_state, slots, cu_seqlens, tensor,
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), stride_out, channels,
+        out_rows, row0, split1, split2,
+        KERNEL_WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, PLANAR=planar,
     )
     return out

@@ -13,6 +13,7 @@ from torch import nn
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
 from minisgl.models.config import ModelConfig
@@ -67,22 +68,24 @@ class GatedDeltaNet(nn.Module):
         """The causal conv and the gated delta rule over each request's state slot: [T, HV, V]."""
         batch, t = ctx.batch, mixed_qkv.shape[0]
         conv_state, ssm_state = ctx.pool.state.layer(self.layer_id)
-        qkv = self._conv(mixed_qkv, self.conv1d.weight[:, 0, :], conv_state, batch)
-        kd = self.num_k_heads * self.k_dim
-        q = qkv[:, :kd].reshape(t, self.num_k_heads, self.k_dim)
-        k = qkv[:, kd : 2 * kd].reshape(t, self.num_k_heads, self.k_dim)
-        v = qkv[:, 2 * kd :].reshape(t, self.num_v_heads, self.v_dim)
+        q, k, v = self._conv(mixed_qkv, self.conv1d.weight[:, 0, :], conv_state, batch).parts()
+        q = q.view(t, self.num_k_heads, self.k_dim)
+        k = k.view(t, self.num_k_heads, self.k_dim)
+        v = v.view(t, self.num_v_heads, self.v_dim)
         return self._delta(DeltaInputs(q, k, v, a, b, self.A_log, self.dt_bias), ssm_state, batch)
 
-    def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> PlanarOut:
+        """The conv's output with q, k and v each contiguous (the delta rule's kernels read them as
+        they are; fla would copy strided column slices first). A mixed step's decode rows come first."""
+        kd = self.num_k_heads * self.k_dim
+        out = PlanarOut.empty(qkv.shape[0], qkv.shape[1], (kd, 2 * kd), qkv.dtype, qkv.device)
         if batch.is_decode:
-            return self.backend.conv_decode(qkv, weight, conv_state, batch.slots)
+            return self.backend.conv_decode(qkv, weight, conv_state, batch.slots, out=out)
         d, part = batch.leading_decodes, batch.prefill_requests
-        prefill = self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
-                                            max(part.extend_lens))
-        if not d:
-            return prefill
-        return torch.cat([self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d]), prefill])
+        if d:
+            self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d], out=out)
+        return self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
+                                         max(part.extend_lens), out=out.from_row(d))
 
     def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """A mixed step's leading decodes update their states in place (decode kernel); only the

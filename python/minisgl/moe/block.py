@@ -38,8 +38,7 @@ class MoEBlock(nn.Module):
         self.shared_expert_gate: Linear | None = None
 
     def add_shared_expert(self, hidden: int, intermediate: int) -> None:
-        """Called by a subclass after its own params, so that every block registers its params in
-        the order seeded dummy weights are drawn in. 0 = the model has none (Qwen3-MoE)."""
+        """Called by a subclass once its own params exist. 0 = the model has none (Qwen3-MoE)."""
         if intermediate:
             self.shared_expert = SharedExpert(hidden, intermediate, self.parallel)
             self.shared_expert_gate = Linear(hidden, 1)
