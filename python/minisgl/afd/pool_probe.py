@@ -18,9 +18,11 @@ from minisgl.kvcache.planner import PoolCosts
 logger = logging.getLogger(__name__)
 
 
-def physical_device(device: torch.device) -> str:
-    """The GPU itself, whatever this process calls it (a Ray actor sees its own GPU as cuda:0)."""
-    return f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
+def read_device(device: torch.device) -> tuple[int, str]:
+    """What is free on the GPU, and the GPU itself, whatever this process calls it (a Ray actor sees
+    its own GPU as cuda:0)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free, f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
 
 
 def plan_after_probe(spec: WorkerSpec, runner: object, replies: list[WarmupReply]) -> LanePool | None:
@@ -43,8 +45,8 @@ def plan_after_probe(spec: WorkerSpec, runner: object, replies: list[WarmupReply
     gc.collect()
     torch.cuda.empty_cache()
     dist.barrier()  # every worker has loaded and let go of its cache: what is free is what the pools may take
-    free, _ = torch.cuda.mem_get_info(plan.device)
-    mine = WorkerMemory(spec.name, lane, physical_device(plan.device), free, reserve, costs)
+    free, where = read_device(plan.device)
+    mine = WorkerMemory(spec.name, lane, where, free, reserve, costs)
     figures: list[WorkerMemory | None] = [None] * dist.get_world_size()
     dist.all_gather_object(figures, mine)  # after every read: no pool is allocated before
     if lane is None:
