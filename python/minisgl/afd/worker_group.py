@@ -100,8 +100,7 @@ class WorkerGroup:
             if len({r.graph_buckets for r in ready.values()}) > 1:
                 raise WorkerFailure("AFD workers prepared different decode graph buckets: "
                                     + "; ".join(f"{s.name} {list(ready[s.name].graph_buckets)}" for s in specs))
-            # Each lane's allocator mirrors its own pool: lanes on devices with less free plan smaller ones.
-            self.lane_pools = [lane_pool(n, self.lane_members[n], ready, plan.pool) for n in self.ag_names]
+            self.lane_pools: list[PoolConfig] = [lane_pool(n, self.lane_members[n], ready, plan.pool) for n in self.ag_names]
         except BaseException:  # nobody gets a handle to close: stop the ones that did start
             self.close(graceful=False)
             raise
