@@ -9,9 +9,6 @@ from minisgl import LLM
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, ReqStep
-from minisgl.afd.worker_group import WorkerGroup, check_pinned_pool
-from minisgl.engine.args import EngineArgs
-from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 
 
@@ -58,29 +55,6 @@ def test_uneven_expert_split_fails_at_startup(tiny_checkpoints) -> None:
 def test_more_micro_batches_than_requests_fails_at_startup(tiny_checkpoints) -> None:
     with pytest.raises(ValueError, match="--afd-num-mb 4 exceeds --max-running-requests 2"):
         LLM(tiny_checkpoints["bf16"], afd=AfdArgs(num_mb=4), device="cpu", max_running_requests=2)
-
-
-class _GpuLauncher:
-    """Places workers on GPUs and must never start one: the check comes first."""
-
-    host = "127.0.0.1"
-
-    def devices(self, afd: AfdArgs) -> list[str]:
-        return [f"cuda:{i}" for i in range(afd.world_size)]
-
-    def start(self, specs) -> None:
-        raise AssertionError("a worker started")
-
-
-@pytest.mark.parametrize("num_pages,fails", [(None, True), (512, False)])
-def test_gpu_workers_need_a_pinned_pool(tiny_checkpoints, num_pages: int | None, fails: bool) -> None:
-    plan = resolve_plan(EngineArgs(model_path=tiny_checkpoints["bf16"], device="cpu", num_pages=num_pages))
-    if fails:
-        with pytest.raises(ValueError, match="pin them with --num-pages"):
-            WorkerGroup(plan, AfdArgs(), _GpuLauncher(), max_bucket=64)
-    else:
-        check_pinned_pool(plan, _GpuLauncher().devices(AfdArgs()))
-    check_pinned_pool(plan, ["cpu", "cpu"])  # CPU workers keep the flags' deterministic pools
 
 
 def _req(slot: int, n: int = 1, tokens: tuple[int, ...] | None = None) -> ReqStep:

@@ -25,6 +25,7 @@ from minisgl.engine.warmup import StepShape, scratch_sample, shape_batch
 from minisgl.forward_batch import ForwardBatch
 from minisgl.host_copy import to_device
 from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT
+from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.models.weights import WeightFilter
 from minisgl.parallel.collectives import broadcast_from_leader
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -68,20 +69,42 @@ class AttentionWorker:
                 config.norm_topk_prob, dispatcher, self.step_state, lane,
             )
 
-        self.engine = Engine(plan, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane)
-        self.model, self.pool = self.engine.model, self.engine.pool
-        # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
-        self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
-        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
+        # With probe steps the pool is planned after them (afd/pool_probe.py); they run on a scratch pool.
+        pool_later = bool(spec.probe_steps)
+        self.engine = Engine(plan, WeightFilter.attention_worker(), mlp_factory=remote, warm_up=False, parallel=lane,
+                             pool_later=pool_later)
+        self.model = self.engine.model
         self.lane_generator = torch.Generator(device=device).manual_seed(plan.args.seed + spec.index)
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="attn", layer_types=list(config.layer_types),
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,
         )
-        self.graphs = None if blocker is not None else AttentionGraphs(
-            self._forward, self.pool, self.engine.max_seq_len, self.graph_buckets, spec.afd_args.num_mb,
-            config.vocab_size,
+        self.num_mb = spec.afd_args.num_mb
+        self.captures = blocker is None and bool(self.graph_buckets)  # decode graphs will hold a pool of their own
+        self.graphs: AttentionGraphs | None = None
+        self._can_capture = blocker is None
+        if not pool_later:
+            self._pool_ready()
+
+    def allocate_pool(self, cfg: PoolConfig) -> None:
+        """The planned pool in place of the scratch one the probe steps ran on."""
+        self.engine.allocate_pool(cfg)
+        self._pool_ready()
+
+    def _pool_ready(self) -> None:
+        """What is sized by the pool: the device-side tokens, the per-slot sampler, the decode graphs."""
+        config, device = self.engine.config, self.device
+        # Each slot's newest sampled token stays on the device: the next decode embeds it directly.
+        self.last_token = torch.zeros(self.pool.max_running + 1, dtype=torch.int64, device=device)
+        self.sampler = Sampler(config.vocab_size, device, config.eos_token_ids, self.pool.max_running)  # by slot
+        self.graphs = None if not self._can_capture else AttentionGraphs(
+            self._forward, self.pool, self.engine.max_seq_len, self.graph_buckets, self.num_mb, config.vocab_size,
         )
+
+    @property
+    def pool(self) -> HybridPool:
+        """The engine's: the scratch one until allocate_pool, then the planned one."""
+        return self.engine.pool
 
     # -- pool updates ---------------------------------------------------------------------------
     def _apply(self, plan: AgPlan) -> None:
@@ -116,7 +139,7 @@ class AttentionWorker:
         if len(batches) == 1 and batches[0] is not None and marks is None:
             return [self.model(batches[0], self.pool)]
         hidden = self.model.config.hidden_size
-        empty = torch.empty(0, hidden, dtype=self.engine.dtype, device=self.last_token.device)
+        empty = torch.empty(0, hidden, dtype=self.engine.dtype, device=self.device)
         xs, ctxs, resid = {}, {}, {}
         for mb, b in enumerate(batches):
             if b is not None:

@@ -25,6 +25,7 @@ from minisgl.afd.expert_plan import ExpertPlan
 from minisgl.afd.launch import Launcher, make_launcher
 from minisgl.afd.launch_times import LaunchTimes
 from minisgl.afd.mb_split import split
+from minisgl.afd.pool_sizing import probe_steps
 from minisgl.afd.protocol import AgPlan, EgPlan, NewRequest, PageAssignment, Reply, ReqStep
 from minisgl.afd.warmup import WarmupReport, wanted, warmup_steps
 from minisgl.afd.worker_group import WorkerFailure, WorkerGroup, describe_dead
@@ -70,32 +71,16 @@ class Coordinator:
             raise ValueError("--tp-size and --ep-size shard the colocated engine; with --afd, shard each attention "
                              "lane with --afd-attn-tp-size (the experts are spread over --afd-expert-workers)")
         check_parallel(config, afd.attn_tp_size, 1, flag="--afd-attn-tp-size")
-        self.max_seq_len = plan.max_seq_len
-        pcfg = plan.pool  # each lane's pool keeps the flags' sizes; the coordinator mirrors its allocator
-        if afd.num_mb > pcfg.max_running_requests:
+        if afd.num_mb > plan.pool.max_running_requests:
             raise ValueError(
-                f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {pcfg.max_running_requests}: "
+                f"--afd-num-mb {afd.num_mb} exceeds --max-running-requests {plan.pool.max_running_requests}: "
                 f"a lane can never fill that many micro-batches"
             )
-        self.lanes = [
-            Lane(i, PoolAllocator(pcfg.max_running_requests, pcfg.usable_pages, pcfg.page_size, pcfg.max_seq_len))
-            for i in range(afd.attn_workers)
-        ]
         self.chunk_size = engine_args.chunked_prefill_size
         self.prefill_budget = sched_args.max_prefill_tokens
         self.per_request = engine_args.prefill_tokens_per_request
         self.eos = frozenset(config.eos_token_ids)
         self.make_decoder = make_decoder
-        self.info = SchedulerInfo(
-            model_path=engine_args.model_path,
-            max_seq_len=self.max_seq_len,
-            vocab_size=config.vocab_size,
-            page_size=pcfg.page_size,
-            total_pages=pcfg.usable_pages * afd.attn_workers,
-            max_running_requests=pcfg.max_running_requests * afd.attn_workers,
-            device=f"afd {afd.attn_workers}+{afd.expert_workers}",
-            supports_logprobs=False,
-        )
         self._reqs: dict[str, Request] = {}
         self._lane_of: dict[str, Lane] = {}
         self._wire: dict[str, str] = {}  # rid -> wire id, for live requests
@@ -113,12 +98,34 @@ class Coordinator:
         self.failure: str | None = None
         self.plan_bytes: deque[int] = deque(maxlen=64)  # pickled size of recent step plans, all workers
         self.workers: WorkerGroup | None = None  # set once every worker is ready
-        self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd), largest_bucket(plan, self.prefill_budget))
+        self.workers = WorkerGroup(plan, afd, launcher or make_launcher(afd), largest_bucket(plan, self.prefill_budget),
+                                   probe_steps(plan, afd, self.prefill_budget))
         self.graph_buckets = self.workers.graph_buckets  # what every worker prepared
+        # Each lane's allocator mirrors its worker's pool: the flags' (CPU, --num-pages) or the one it
+        # planned, its own (lanes on devices with less free memory plan smaller pools). Requests go
+        # to any lane, so the longest one served is the shortest lane's.
+        pools = self.workers.lane_pools
+        self.lanes = [Lane(i, PoolAllocator(p.max_running_requests, p.usable_pages, p.page_size, p.max_seq_len))
+                      for i, p in enumerate(pools)]
+        self.max_seq_len = min(p.max_seq_len for p in pools)
+        self.info = SchedulerInfo(
+            model_path=engine_args.model_path,
+            max_seq_len=self.max_seq_len,
+            vocab_size=config.vocab_size,
+            page_size=plan.pool.page_size,
+            total_pages=sum(p.usable_pages for p in pools),
+            max_running_requests=sum(p.max_running_requests for p in pools),
+            device=f"afd {afd.attn_workers}+{afd.expert_workers}",
+            supports_logprobs=False,
+        )
+        # The warm-up's shapes: the most slots any lane has, up to the longest request served.
+        served = replace(plan, pool=replace(plan.pool, max_running_requests=max(p.max_running_requests for p in pools),
+                                            max_seq_len=self.max_seq_len,
+                                            num_pages=min(p.usable_pages for p in pools)))
         # Before ready: every shape class a step can take, through every worker in lock step.
         self.warmup: WarmupReport | None = None
         if wanted(afd.warmup, self.workers.devices):
-            self.warmup = self.workers.warm_up(warmup_steps(plan, afd, self.graph_buckets, self.prefill_budget))
+            self.warmup = self.workers.warm_up(warmup_steps(served, afd, self.graph_buckets, self.prefill_budget))
             logger.info("%s", self.warmup.describe())
             self.info = replace(self.info, warmup_seconds=self.warmup.seconds,
                                 warmup_compiles=sum(self.warmup.compiles().values()))

@@ -46,6 +46,7 @@ class ExpertWorker:
         blocker = capture_blocker(spec, plan)
         log_capture_choice(self.name, blocker, self.graph_buckets)
         self.graphs = None if blocker is not None else LockstepGraphs()
+        self.captures = self.graphs is not None and bool(self.graph_buckets)  # decode graphs will hold a pool
         self.timer = make_timer(
             spec.afd_args.layer_timing_dir, self.name, device, role="expert",
             attn_workers=spec.afd_args.attn_workers, expert_workers=spec.afd_args.expert_workers,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.plan import EnginePlan
 from minisgl.engine.warmup import StepShape
+from minisgl.kvcache.hybrid_pool import PoolConfig
 from minisgl.sampling_params import SamplingParams
 
 ATTN, EXPERT = "attn", "expert"  # WorkerSpec.role
@@ -27,6 +28,9 @@ class WorkerSpec:
     parent_pid: int | None = None  # local launcher: exit when the coordinator process is gone
     tp_rank: int = 0  # rank inside the attention lane (--afd-attn-tp-size)
     max_bucket: int = 0  # the largest dispatch bucket any step uses: what the ipc transport's buffers hold
+    # Run in lock step before the attention workers' pools are planned (afd/pool_sizing.py); () when
+    # the flags size them (the CPU, --num-pages).
+    probe_steps: tuple[WarmupStep, ...] = ()
 
     @property
     def name(self) -> str:
@@ -36,10 +40,13 @@ class WorkerSpec:
 @dataclass(frozen=True)
 class Ready:
     """A worker's first word: it is built, with decode graphs prepared for these micro-batch
-    buckets (on the CPU, the ones it would capture; () when decode steps are not planned in buckets)."""
+    buckets (on the CPU, the ones it would capture; () when decode steps are not planned in buckets).
+    An attention worker whose pool was planned says how (the coordinator sizes its lane from it)."""
 
     worker: str
     graph_buckets: tuple[int, ...]
+    pool: PoolConfig | None = None  # None: the flags' pool
+    memory: str = ""  # the planner's line
 
 
 @dataclass(frozen=True)

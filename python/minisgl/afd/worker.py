@@ -20,6 +20,7 @@ import zmq
 from minisgl.afd.args import AfdArgs
 from minisgl.afd.attention_worker import AttentionWorker
 from minisgl.afd.expert_worker import ExpertWorker
+from minisgl.afd.pool_probe import plan_after_probe
 from minisgl.afd.step_profiler import StepProfiler
 from minisgl.afd.transport_choice import process_group_backend
 from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
@@ -37,6 +38,7 @@ class StepRunner(Protocol):
     device: torch.device
     graph_buckets: tuple[int, ...]  # the decode buckets it prepared
     captured_graphs: int  # the decode-step CUDA graphs it holds (0 where its graph steps run eagerly)
+    captures: bool  # it will capture decode graphs (in the warm-up), which hold memory of their own
 
     def launch(self, plan: Any) -> Any: ...
 
@@ -167,7 +169,13 @@ def worker_main(spec: WorkerSpec) -> None:
             runner: StepRunner = AttentionWorker(spec, lane)
         else:
             runner = ExpertWorker(spec)
-        chan.send(Ready(spec.name, runner.graph_buckets))
+        pool, memory = None, ""
+        if spec.probe_steps:  # every worker, in lock step: then the attention workers plan their pools
+            lane_pool = plan_after_probe(spec, runner, [warm_up(runner, step) for step in spec.probe_steps])
+            if lane_pool is not None:
+                pool, memory = lane_pool.plan.config(runner.engine.plan.pool), lane_pool.describe()
+                runner.allocate_pool(pool)
+        chan.send(Ready(spec.name, runner.graph_buckets, pool, memory))
         serve(runner, chan, spec.afd_args.async_pending_steps, spec.parent_pid, StepProfiler.from_env(spec.name))
     except BaseException as e:  # noqa: BLE001 - report any failure to the coordinator, then exit non-zero
         chan.send(WorkerFailed(spec.name, type(e).__name__, str(e)))

@@ -18,6 +18,7 @@ from minisgl.afd.launch import Launcher
 from minisgl.afd.protocol import ATTN, EXPERT, Ready, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
 from minisgl.afd.warmup import WarmupReport
 from minisgl.engine.plan import EnginePlan
+from minisgl.kvcache.hybrid_pool import PoolConfig
 
 logger = logging.getLogger(__name__)
 _POLL_MS = 100
@@ -30,13 +31,19 @@ class WorkerFailure(RuntimeError):
     """A worker died, reported an error, or did not answer in time."""
 
 
-def check_pinned_pool(plan: EnginePlan, devices: list[str]) -> None:
-    """On GPUs the flags must pin the attention workers' pools: no planner sizes them from what the
-    lock-step warm-up measures yet, so a worker's pool is the flags' (every slot at the context
-    length: at the model's 262,144 positions, more than a GPU holds)."""
-    if plan.args.num_pages is None and any(d.startswith("cuda") for d in devices):
-        raise ValueError("AFD on GPUs: the attention workers do not size their pools from measured memory yet; "
-                         "pin them with --num-pages (with --max-running-requests and --context-length)")
+def plans_pools(plan: EnginePlan, devices: list[str]) -> bool:
+    """On GPUs without --num-pages the attention workers plan their pools from measured memory
+    (afd/pool_sizing.py); on the CPU, or with --num-pages, the flags size them."""
+    return plan.args.num_pages is None and any(d.startswith("cuda") for d in devices)
+
+
+def lane_pool(lane: str, members: list[str], ready: dict[str, Ready], flags: PoolConfig) -> PoolConfig:
+    """The pool a lane's ranks planned (each from the lane's tightest rank, so all agree), or the flags'."""
+    pools = {ready[m].pool for m in members}
+    if len(pools) > 1:
+        raise WorkerFailure(f"AFD lane {lane}'s ranks planned different pools: "
+                            + "; ".join(f"{m} {ready[m].pool}" for m in members))
+    return pools.pop() or flags
 
 
 class WorkerGroup:
@@ -45,10 +52,14 @@ class WorkerGroup:
     replay the shape of every graph step. warm_up() then runs the warm-up steps, within the same
     start-up deadline."""
 
-    def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher, max_bucket: int) -> None:
-        """max_bucket: the largest dispatch bucket any step uses (buckets.largest_bucket)."""
+    def __init__(self, plan: EnginePlan, afd: AfdArgs, launcher: Launcher, max_bucket: int,
+                 probe_steps: tuple[WarmupStep, ...] = ()) -> None:
+        """max_bucket: the largest dispatch bucket any step uses (buckets.largest_bucket);
+        probe_steps: what the workers run before the attention workers plan their pools, where they
+        do (plans_pools; pool_sizing.probe_steps)."""
         self.devices = devices = launcher.devices(afd)
-        check_pinned_pool(plan, devices)
+        if not plans_pools(plan, devices):
+            probe_steps = ()
         afd.resolved_transport(devices)  # refuses ipc off CUDA before anything starts
         self.launcher: Launcher | None = launcher
         self.zmq = zmq.Context.instance()
@@ -69,6 +80,7 @@ class WorkerGroup:
                 role, index, rank, (launcher.host, self.store.port), f"tcp://{launcher.host}:{port}",
                 f"tcp://{launcher.host}:{reply_port}", plan, afd, devices[rank],
                 parent_pid=None if afd.launcher == "ray" else os.getpid(), tp_rank=tp_rank, max_bucket=max_bucket,
+                probe_steps=probe_steps,
             )
             self.plan_socks[spec.name] = sock
             specs.append(spec)
@@ -77,21 +89,23 @@ class WorkerGroup:
                              for n in self.ag_names}
         self.eg_names = [s.name for s in specs if s.role == EXPERT]
         launcher.start(specs)
-        ready: dict[str, tuple[int, ...]] = {}  # worker -> the decode graph buckets it prepared
+        ready: dict[str, Ready] = {}
         self.start_deadline = deadline = time.monotonic() + _START_TIMEOUT_S
         try:
             while len(ready) < len(specs):
                 msg = self.recv(deadline, "at start-up", lambda: [s.name for s in specs if s.name not in ready],
                                 with_reason=True)
                 if isinstance(msg, Ready):
-                    ready[msg.worker] = msg.graph_buckets
-            if len(set(ready.values())) > 1:
+                    ready[msg.worker] = msg
+            if len({r.graph_buckets for r in ready.values()}) > 1:
                 raise WorkerFailure("AFD workers prepared different decode graph buckets: "
-                                    + "; ".join(f"{s.name} {list(ready[s.name])}" for s in specs))
+                                    + "; ".join(f"{s.name} {list(ready[s.name].graph_buckets)}" for s in specs))
+            self.lane_pools: list[PoolConfig] = [lane_pool(n, self.lane_members[n], ready, plan.pool) for n in self.ag_names]
         except BaseException:  # nobody gets a handle to close: stop the ones that did start
             self.close(graceful=False)
             raise
-        self.graph_buckets: tuple[int, ...] = next(iter(ready.values()))
+        self.memory = {n: ready[n].memory for n in self.ag_names if ready[n].memory}  # each lane's planner line
+        self.graph_buckets: tuple[int, ...] = ready[specs[0].name].graph_buckets
         logger.info("AFD: %d attention + %d expert workers ready; decode graph buckets %s",
                     afd.attn_workers, afd.expert_workers, list(self.graph_buckets) or "none")
 

@@ -3,6 +3,7 @@ backends, and runs one batched forward per step. Also the entry point of a TP fo
 which runs an Engine of its own (engine/tp_group.py)."""
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 import time
@@ -25,7 +26,7 @@ from minisgl.engine.tp_group import (
 )
 from minisgl.engine.warmup import largest_prefill, shape_batch
 from minisgl.forward_batch import ForwardBatch
-from minisgl.kvcache.hybrid_pool import HybridPool
+from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import Backends
 from minisgl.models.dummy_weights import init_dummy_weights
@@ -49,11 +50,14 @@ class Engine:
         max_prefill_tokens: int = 16384,
         warm_up: bool = True,
         parallel: ParallelConfig | None = None,
+        pool_later: bool = False,
     ) -> None:
         """mlp_factory(layer_id) replaces the local MoE blocks (an AFD attention worker's remote ones).
         warm_up=False skips the device's warm-up and memory planning: an AFD attention worker's steps
-        need its expert workers in lock-step, so it cannot run them alone (its pool keeps the flags'
-        sizes). max_prefill_tokens is the largest prefill step the scheduler will run.
+        need its expert workers in lock-step, so it cannot run them alone (its pool is the flags', or
+        with pool_later the one afd/pool_probe.py plans). max_prefill_tokens is the largest prefill step the scheduler will run.
+        pool_later: start on a scratch pool (one slot, the flags' table width) until allocate_pool
+        gets the planned one (an AFD attention worker plans after lock-step probe steps).
 
         parallel: this process's rank of a TP group that someone else started (a colocated
         follower, a rank of an AFD lane). Without it and with --tp-size > 1, this engine starts
@@ -71,7 +75,8 @@ class Engine:
         self.followers: TpGroup | None = None  # set once this rank 0 is ready to serve
         self.piecewise_bytes = 0  # device memory the piecewise CUDA graphs hold
         try:
-            self._build(weight_filter, mlp_factory, max_prefill_tokens, warm_up, journaled=group is not None)
+            self._build(weight_filter, mlp_factory, max_prefill_tokens, warm_up, journaled=group is not None,
+                        pool_later=pool_later)
             if group is not None:
                 group.wait_for(READY)
         except BaseException:
@@ -80,7 +85,8 @@ class Engine:
             raise
         self.followers = group
         self.startup_seconds = time.monotonic() - started
-        self._log_pool()
+        if not pool_later:  # the planner that sizes it later logs it
+            self._log_pool()
 
     @property
     def config(self) -> ModelConfig:
@@ -100,7 +106,7 @@ class Engine:
 
     def _build(
         self, weight_filter: WeightFilter | None, mlp_factory: Callable[[int], nn.Module] | None,
-        max_prefill_tokens: int, warm_up: bool, journaled: bool,
+        max_prefill_tokens: int, warm_up: bool, journaled: bool, pool_later: bool = False,
     ) -> None:
         plan = self.plan
         backends = plan.backends.build()
@@ -127,12 +133,32 @@ class Engine:
             else:
                 self.pool_cfg = plan.pool
             self.max_seq_len = self.pool_cfg.max_seq_len
-            self.pool = (JournaledPool if journaled else HybridPool)(self.layout, self.pool_cfg, plan.dtype, plan.device)
+            if pool_later:
+                flags = plan.pool
+                self.pool = HybridPool.scratch(self.layout, flags.max_seq_len, flags.page_size, plan.dtype,
+                                               flags.ssm_dtype, plan.device)
+            else:
+                self.pool = (JournaledPool if journaled else HybridPool)(self.layout, self.pool_cfg, plan.dtype,
+                                                                         plan.device)
             self.graph_runner = self._capture_graphs(backends)
             if measured:
                 graph_top = self.graph_runner.buckets[-1] if self.graph_runner is not None else 0
                 self.preparation.warm_up_final(plan, self.pool.max_running, self.max_seq_len, graph_top,
                                                self.make_batch, self.forward_batch)
+
+    def drop_pool(self) -> None:
+        """Let go of the pool (the scratch one, before what is free is measured); allocate_pool follows."""
+        self.pool = None
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    def allocate_pool(self, cfg: PoolConfig) -> None:
+        """The planned pool, in place of the scratch one (pool_later); no decode graphs hold the old one."""
+        if self.graph_runner is not None:
+            raise RuntimeError("the decode graphs hold the pool; it cannot be replaced")
+        self.pool = None
+        self.pool_cfg, self.max_seq_len = cfg, cfg.max_seq_len
+        self.pool = HybridPool(self.layout, cfg, self.dtype, self.device)
 
     def close(self) -> None:
         """Stop the TP followers this engine started (nothing to do otherwise)."""
