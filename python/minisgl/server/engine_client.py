@@ -47,8 +47,8 @@ Item = Union[RequestOutput, EngineUnavailable]
 class Mailbox:
     """One handler's outputs in arrival order. The receive loop puts without blocking; the handler
     takes everything queued at once, so one wake-up serves every output that arrived meanwhile
-    (under load several do). A wait is one future, not wait_for's task and timer per call: a
-    waiting handler needs no timeout, since the engine's failure reaches it as an item (_die)."""
+    (when it fell behind). A wait is one future, not wait_for's task and timer per call: a waiting
+    handler needs no timeout, since the engine's failure reaches it as an item (_die)."""
 
     def __init__(self) -> None:
         self._items: list[Item] = []

@@ -190,9 +190,10 @@ def _stream(
     usage_chunk: Callable[[], dict[str, Any]] | None,
 ) -> StreamingResponse:
     """SSE: one chunk event per output, an optional usage chunk, then [DONE]. The events of outputs
-    that arrived together go out in one write (a write per event cost the server and the client
-    more CPU than the chunks themselves under load). Only the engine failing can still go wrong
-    once the headers went out: that is sent as an `error` event (the openai client raises it)."""
+    that arrived together (a handler that fell behind, or several choices) go out in one write: a
+    write and its trip through the ASGI layers cost more than formatting a chunk. Only the engine
+    failing can still go wrong once the headers went out: that is sent as an `error` event (the
+    openai client raises it)."""
 
     async def events() -> AsyncIterator[str]:
         try:
