@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import openai
 import pytest
 
@@ -101,7 +102,7 @@ def test_completion_logprobs(client: openai.OpenAI, model: str) -> None:
         assert chosen <= 0 and len(top) <= 3 and max(top.values()) == pytest.approx(chosen)  # greedy = argmax
 
 
-def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI, model: str) -> None:
+def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI, model: str, live_server: Server) -> None:
     """What alignment tools send: echo + logprobs + max_tokens 0, and vLLM's prompt_logprobs."""
     r = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1,
                                   extra_body={"prompt_logprobs": 2})
@@ -121,6 +122,8 @@ def test_max_tokens_zero_scores_the_prompt(client: openai.OpenAI, model: str) ->
     scored = client.completions.create(model=model, prompt=ids, max_tokens=0, echo=True,
                                        extra_body={"prompt_logprobs": 1, "return_token_ids": True}).choices[0]
     assert scored.model_extra["prompt_token_ids"] == ids and scored.model_extra["token_ids"] == []
+    decoded = httpx.post(live_server.url + "/detokenize", json={"tokens": ids, "skip_special_tokens": False}, timeout=60)
+    assert scored.text and scored.text == decoded.json()["text"]  # ids are echoed as their text
     assert all(str(ids[p]) in scored.model_extra["prompt_logprobs"][p] for p in range(1, len(ids)))
     # A prompt can be scored with echo alone, and without any logprobs it is just echoed back.
     plain = client.completions.create(model=model, prompt=PROMPT, max_tokens=0, echo=True)

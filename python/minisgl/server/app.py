@@ -26,6 +26,7 @@ from minisgl.server.chat import create_chat_completion
 from minisgl.server.completions import create_completion
 from minisgl.server.engine_client import EngineUnavailable
 from minisgl.server.errors import ApiError, ErrorResponse, error_response
+from minisgl.server.heap import settle_for_serving
 from minisgl.server.json_numbers import JsonNumbersRoute
 from minisgl.server.limits import BodyLimits
 from minisgl.server.openai_types import AbortBody
@@ -98,6 +99,7 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
         ctx = make_context()
         app.state.ctx = ctx
         info = await ctx.client.start(args.startup_timeout)
+        settle_for_serving()
         logger.info(
             "ready on http://%s:%d: serving %s (%s); %d KV pages of %d tokens, %d request/state slots, max_seq_len %d; engine ready "
             "in %.1f s, warm-up %.1f s with %d Triton compiles/autotunes",

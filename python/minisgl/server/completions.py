@@ -31,8 +31,9 @@ class _State:
     completion_tokens: int = 0
 
 
-def _prompts(ctx: ServingContext, prompt: Any) -> list[tuple[str, list[int]]]:
-    """(text, token ids) per prompt."""
+def _prompts(ctx: ServingContext, prompt: Any, echo: bool) -> list[tuple[str, list[int]]]:
+    """(text, token ids) per prompt. The text of a prompt of ids is only needed to echo it (decoding
+    a long prompt costs more than streaming its answer), so without echo it is left empty."""
     tok = ctx.tokenizer
     if isinstance(prompt, str):
         prompt = [prompt]
@@ -43,13 +44,13 @@ def _prompts(ctx: ServingContext, prompt: Any) -> list[tuple[str, list[int]]]:
     ids = [tok.encode(p) if isinstance(p, str) else list(p) for p in prompt]
     for one in ids:
         ctx.check_prompt(one)  # before decoding: ids outside the vocabulary would crash the tokenizer
-    return [(p if isinstance(p, str) else tok.decode(one), one) for p, one in zip(prompt, ids)]
+    return [(p if isinstance(p, str) else tok.decode(one) if echo else "", one) for p, one in zip(prompt, ids)]
 
 
 async def create_completion(body: CompletionRequest, raw: Request) -> Response:
     ctx: ServingContext = raw.app.state.ctx
     ctx.check_request(body)
-    prompts = _prompts(ctx, body.prompt)
+    prompts = _prompts(ctx, body.prompt, body.echo)
     if len(prompts) * body.n > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x n={body.n} exceeds {MAX_CHOICES} choices per request", "n")
     echo_logprobs = body.echo and body.logprobs is not None

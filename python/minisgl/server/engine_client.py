@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from multiprocessing.process import BaseProcess
-from typing import Callable
+from typing import Callable, Union
 
 from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.server.channel import Addresses, AsyncReceiver, PeerGone, Sender
@@ -23,7 +23,7 @@ from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, Engin
 logger = logging.getLogger(__name__)
 
 WATCHDOG_PERIOD = 0.25  # seconds
-WAIT_SLICE = 1.0  # a handler's longest single wait before it re-checks the engine's health
+WAIT_SLICE = 1.0  # start()'s longest single wait before it re-checks the engine's health
 LAST_WORD_GRACE = 1.0  # seconds an exited engine's EngineDead (its reason) may take to arrive
 
 
@@ -41,32 +41,56 @@ def _exit_reason(name: str, proc: BaseProcess) -> str:
     return f"the {name} process {how}"
 
 
-Queue = asyncio.Queue  # of RequestOutput | EngineUnavailable
+Item = Union[RequestOutput, EngineUnavailable]
+
+
+class Mailbox:
+    """One handler's outputs in arrival order. The receive loop puts without blocking; the handler
+    takes everything queued at once, so one wake-up serves every output that arrived meanwhile
+    (when it fell behind). A wait is one future, not wait_for's task and timer per call: a waiting
+    handler needs no timeout, since the engine's failure reaches it as an item (_die)."""
+
+    def __init__(self) -> None:
+        self._items: list[Item] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: Item) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():  # done: its waiter was cancelled
+            self._waiter.set_result(None)
+
+    async def take_all(self) -> list[Item]:
+        """Everything queued (at least one item), waiting for the first."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
 
 
 class Submission:
     """The engine requests of one HTTP request (one per choice), registered under its response id."""
 
-    def __init__(self, client: "EngineClient", request_id: str, rids: tuple[str, ...], queue: Queue) -> None:
-        self.client, self.request_id, self.rids, self.queue = client, request_id, rids, queue
+    def __init__(self, client: "EngineClient", request_id: str, rids: tuple[str, ...], mailbox: Mailbox) -> None:
+        self.client, self.request_id, self.rids, self.mailbox = client, request_id, rids, mailbox
 
-    async def outputs(self) -> AsyncIterator[RequestOutput]:
-        """Outputs of every choice as they come, until each has finished."""
+    async def batches(self) -> AsyncIterator[list[RequestOutput]]:
+        """Every choice's outputs in arrival order, as the non-empty lists that were queued together,
+        until each choice has finished."""
         left = set(self.rids)
         while left:
-            if not self.queue.empty():  # under load usually: no wait_for (a task per call) needed
-                item = self.queue.get_nowait()
-            else:
-                try:
-                    item = await asyncio.wait_for(self.queue.get(), WAIT_SLICE)
-                except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
-                    self.client.check_alive()
-                    continue
-            if isinstance(item, EngineUnavailable):
-                raise item
-            if item.finished:
-                left.discard(item.rid)
-            yield item
+            items = await self.mailbox.take_all()
+            for i, item in enumerate(items):
+                if isinstance(item, EngineUnavailable):
+                    if i:
+                        yield items[:i]  # type: ignore[misc] (outputs only, before the error)
+                    raise item
+                if item.finished:
+                    left.discard(item.rid)
+            yield items  # type: ignore[misc] (outputs only)
 
     def close(self) -> int:
         """The handler is done (finished, failed, or its client left): forget the request and abort
@@ -89,7 +113,7 @@ class EngineClient:
         self._watchdog_timeout = watchdog_timeout
         self._on_stats = on_stats
         self._on_dead = on_dead
-        self._routes: dict[str, Queue] = {}  # rid -> its handler's queue, until the rid finishes
+        self._routes: dict[str, Mailbox] = {}  # rid -> its handler's mailbox, until the rid finishes
         self._requests: dict[str, tuple[str, ...]] = {}  # response id -> its rids, until its handler closes it
         self._ready = asyncio.Event()
         self._heartbeat = time.monotonic()
@@ -145,11 +169,11 @@ class EngineClient:
         # Everything is encoded before anything is registered, so a request that cannot be sent
         # leaves nothing behind.
         payloads = [encode(r) for r in reqs]
-        q: Queue = asyncio.Queue()
+        box = Mailbox()
         rids = tuple(r.rid for r in reqs)
         self._requests[request_id] = rids
         for rid in rids:
-            self._routes[rid] = q
+            self._routes[rid] = box
         try:
             for data in payloads:
                 self._sender.send_encoded(data)
@@ -157,7 +181,7 @@ class EngineClient:
             self._requests.pop(request_id)
             self._die(str(e))
             raise EngineUnavailable(self.dead_reason) from e
-        return Submission(self, request_id, rids, q)
+        return Submission(self, request_id, rids, box)
 
     def abort_request_id(self, request_id: str) -> int:
         """Abort the still-running choices of the response with exactly this id; returns how many.
@@ -187,9 +211,9 @@ class EngineClient:
             msg = await self._receiver.recv()
             if isinstance(msg, TextBatch):
                 for o in msg.outputs:
-                    q = self._routes.pop(o.rid, None) if o.finished else self._routes.get(o.rid)
-                    if q is not None:
-                        q.put_nowait(o)
+                    box = self._routes.pop(o.rid, None) if o.finished else self._routes.get(o.rid)
+                    if box is not None:
+                        box.put(o)
             elif isinstance(msg, EngineStats):
                 if self.dead_reason is not None:
                     continue  # a dead engine's last stats would show requests no longer running
@@ -224,8 +248,8 @@ class EngineClient:
         self.dead_reason = reason
         logger.error("engine unavailable: %s", reason)
         err = EngineUnavailable(reason)
-        for q in {id(q): q for q in self._routes.values()}.values():
-            q.put_nowait(err)
+        for box in {id(b): b for b in self._routes.values()}.values():
+            box.put(err)
         self._routes.clear()
         self.stats, self.idle_checked = None, False  # nothing is running any more
         self._on_dead()

@@ -37,8 +37,25 @@ logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499  # (nginx's code) logged for a non-streaming request whose client left
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps builds one per call otherwise
+
+
 def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_JSON.encode(obj)}\n\n"
+
+
+class ChunkEvents:
+    """SSE events of one response's chunks: the head's fields, then `choices` holding one choice.
+    The head is encoded once, so each event encodes only its choice; the bytes are sse()'s of the
+    whole chunk."""
+
+    def __init__(self, head: dict[str, Any]) -> None:
+        if not head:
+            raise ValueError("a chunk head needs at least one field")
+        self._prefix = "data: " + _JSON.encode(head)[:-1] + ',"choices":['
+
+    def __call__(self, choice: dict[str, Any]) -> str:
+        return self._prefix + _JSON.encode(choice) + "]}\n\n"
 
 
 @dataclass(frozen=True)
@@ -136,16 +153,22 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def run_choices(ctx: ServingContext, sub: Submission, close: Callable[[], None]) -> AsyncIterator[RequestOutput]:
+Outputs = AsyncIterator[list[RequestOutput]]  # in arrival order, as the lists that were queued together
+
+
+async def run_choices(ctx: ServingContext, sub: Submission, close: Callable[[], None]) -> Outputs:
     """Outputs of every choice as they come. Closing the iterator early aborts the rest."""
     timer = RequestTimer(ctx.metrics)
     try:
-        async for o in sub.outputs():
-            timer.on_output(o)
-            ctx.request_log.on_output(o)
-            if o.error is not None:
-                raise ApiError(400, o.error)
-            yield o
+        async for batch in sub.batches():
+            for i, o in enumerate(batch):
+                timer.on_output(o)
+                ctx.request_log.on_output(o)
+                if o.error is not None:
+                    if i:
+                        yield batch[:i]  # the outputs before it are answered first, as they came
+                    raise ApiError(400, o.error)
+            yield batch
     except EngineUnavailable as e:
         raise ApiError(503, str(e)) from None
     finally:
@@ -161,20 +184,22 @@ ChunkFn = Callable[[RequestOutput], dict[str, Any]]
 
 
 def _stream(
-    outputs: AsyncIterator[RequestOutput],
+    outputs: Outputs,
     close: Callable[[], None],
-    chunk: ChunkFn,
+    event: Callable[[RequestOutput], str],
     usage_chunk: Callable[[], dict[str, Any]] | None,
 ) -> StreamingResponse:
-    """SSE: one chunk per output, an optional usage chunk, then [DONE]. Only the engine failing can
-    still go wrong once the headers went out: that is sent as an `error` event (the openai client
-    raises it)."""
+    """SSE: one chunk event per output, an optional usage chunk, then [DONE]. The events of outputs
+    that arrived together (a handler that fell behind, or several choices) go out in one write: a
+    write and its trip through the ASGI layers cost more than formatting a chunk. Only the engine
+    failing can still go wrong once the headers went out: that is sent as an `error` event (the
+    openai client raises it)."""
 
     async def events() -> AsyncIterator[str]:
         try:
             async with aclosing(outputs):
-                async for o in outputs:
-                    yield sse(chunk(o))
+                async for batch in outputs:
+                    yield "".join([event(o) for o in batch])
             if usage_chunk is not None:
                 yield sse(usage_chunk())
         except ApiError as e:
@@ -189,13 +214,14 @@ def _stream(
     return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(close_after))
 
 
-async def _collect(raw: Request, outputs: AsyncIterator[RequestOutput], on_output: Callable[[RequestOutput], None]) -> bool:
+async def _collect(raw: Request, outputs: Outputs, on_output: Callable[[RequestOutput], None]) -> bool:
     """Feed every output to on_output; True if the client disconnected first (the rest is aborted)."""
 
     async def consume() -> None:
         async with aclosing(outputs):
-            async for o in outputs:
-                on_output(o)
+            async for batch in outputs:
+                for o in batch:
+                    on_output(o)
 
     work = asyncio.ensure_future(consume())
     gone = asyncio.ensure_future(_until_disconnect(raw))
@@ -264,8 +290,9 @@ async def respond(
     if body.stream:
         chunk_head = {**head, "object": chunk_object}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
+        chunk_event = ChunkEvents(chunk_head)
         return _stream(
-            outputs, close, lambda o: {**chunk_head, "choices": [delta(o)]},
+            outputs, close, lambda o: chunk_event(delta(o)),
             (lambda: {**chunk_head, "choices": [], "usage": total_usage()}) if include_usage else None,
         )
     index = {c.rid: c.index for c in choices}
