@@ -47,8 +47,8 @@ class _Model:
 
 def _attention_worker(timer: layer_timing.LayerTimer | None) -> AttentionWorker:
     w = AttentionWorker.__new__(AttentionWorker)  # only what _forward reads
-    w.model, w.pool, w.timer = _Model(), None, timer
-    w.engine = SimpleNamespace(dtype=torch.float32)
+    w.model, w.timer, w.device = _Model(), timer, torch.device("cpu")
+    w.engine = SimpleNamespace(dtype=torch.float32, pool=None)  # the worker's pool is its engine's
     w.last_token = torch.zeros(1)
     return w
 
