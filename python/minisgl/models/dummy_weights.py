@@ -39,9 +39,8 @@ def _fill_normal(p: torch.Tensor, std: float, mean: float, gen: torch.Generator)
 
 
 def _init_param(module: nn.Module, name: str, p: torch.Tensor, gen: torch.Generator) -> None:
-    if p.dtype == FP8_DTYPE:
+    if p.dtype == FP8_DTYPE:  # its block scales are set once per param, by the caller
         _fill_normal(p, 1.0, 0.0, gen)
-        getattr(module, name + "_scale_inv").data.fill_(1.0 / math.sqrt(p.shape[-1]))
     elif name == "A_log":  # GDN decay rates A in [1, 16), as trained models have them
         p.copy_(torch.rand(p.shape, generator=gen, device=p.device).mul(15).add(1).log())
     elif p.dim() == 1:  # norm weights: 1 + w norms near w = 0, plain w ones near 1; dt_bias near 0
@@ -70,3 +69,5 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
                         _init_param(module, name, p.data[e : e + 1], gen)
                 else:
                     _init_param(module, name, p.data, _generator(seed, key, device))
+                if p.dtype == FP8_DTYPE:
+                    getattr(module, name + "_scale_inv").data.fill_(1.0 / math.sqrt(p.shape[-1]))
