@@ -136,6 +136,21 @@ def step_modes(engine, batch, steps: int = 5) -> list[tuple[str, float, float]]:
     return out
 
 
+def op_profile(engine, batch) -> str:  # noqa: ANN001
+    """One eager step's device time by the operator (and its Python caller) that launched it: which
+    line of the model the elementwise kernels, copies and cats of the kernel table come from."""
+    graphs, engine.prefill_graphs = engine.prefill_graphs, None
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA],
+                                    with_stack=True) as profiler:
+            engine.forward_batch(batch)
+            torch.cuda.synchronize()
+    finally:
+        engine.prefill_graphs = graphs
+    return profiler.key_averages(group_by_stack_n=4).table(sort_by="self_cuda_time_total", row_limit=40,
+                                                           max_name_column_width=60)
+
+
 def host_profile(engine, batch) -> str:  # noqa: ANN001
     """Where the host's time goes in one eager step: every call that synchronises with the device
     (torch's sync debug mode, with the caller's frames) and cProfile's top functions by own time
@@ -226,6 +241,7 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
                 engine.forward_batch(batch)
                 torch.cuda.synchronize()
             prof = f"one {step} step\n" + profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+            prof += f"\none {step} step, by the operator that launched each kernel\n" + op_profile(engine, batch)
         for s in slots:
             engine.pool.free(s)
     decode = []
