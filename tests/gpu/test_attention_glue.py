@@ -73,7 +73,9 @@ def norm_weight(d: int, zero_centered: bool, dtype: torch.dtype) -> torch.Tensor
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_centered", [True, False])
 @pytest.mark.parametrize("t,heads,d,rotary_dim,gated", SHAPES)
-def test_norm_rope(t: int, heads: int, d: int, rotary_dim: int, gated: bool, zero_centered: bool, dtype: torch.dtype) -> None:
+def test_norm_rope(
+    t: int, heads: int, d: int, rotary_dim: int, gated: bool, zero_centered: bool, dtype: torch.dtype
+) -> None:
     x, _ = q_and_gate(t, heads, d, gated, dtype)
     w = norm_weight(d, zero_centered, dtype)
     cos, sin = random_cos_sin(t, rotary_dim, dtype)
