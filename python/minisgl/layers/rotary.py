@@ -2,10 +2,15 @@
 
 For text-only input Qwen3.5's interleaved M-RoPE has equal position ids on all three axes, so it
 reduces to this plain 1-D RoPE.
+
+On CUDA, `apply_normed` fuses attention's per-head q/k norm with the rotation into one Triton launch
+(kernels/qk_norm_rope.py, same rounding chain); the torch code here is the CPU path and its reference.
 """
 from __future__ import annotations
 
 import torch
+
+from minisgl.layers.norm import RMSNorm
 
 
 class RotaryEmbedding:
@@ -30,3 +35,12 @@ class RotaryEmbedding:
         rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
         out = rot * cos[:, None, :] + rotated * sin[:, None, :]
         return torch.cat([out, rest], dim=-1)
+
+    def apply_normed(self, x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """apply(norm(x), cos, sin) for x [T, heads, head_dim], read in place (a strided view is not
+        copied); one launch on CUDA."""
+        if x.is_cuda:
+            from minisgl.kernels.qk_norm_rope import norm_rope
+
+            return norm_rope(x, norm.weight, cos, sin, norm.eps, norm.zero_centered, self.rotary_dim)
+        return self.apply(norm(x), cos, sin)

@@ -48,22 +48,27 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q = self.q_proj(x)
-        gate = None
-        if self.gated:
-            q, gate = q.view(t, self.num_heads, 2 * d).split(d, dim=-1)
-            gate = gate.reshape(t, self.num_heads * d)
-        q = self.q_norm(q.reshape(t, self.num_heads, d))
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, d))
+        q = self.q_proj(x).view(t, self.num_heads, -1)
+        q, gate = q.split(d, dim=-1) if self.gated else (q, None)  # strided views of [query | gate]
+        q = self.rotary.apply_normed(q, self.q_norm, ctx.cos, ctx.sin)
+        k = self.rotary.apply_normed(self.k_proj(x).view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, d)
-        q = self.rotary.apply(q, ctx.cos, ctx.sin)
-        k = self.rotary.apply(k, ctx.cos, ctx.sin)
-        o = ctx.mixer_core(self._attend, q, k, v).reshape(t, self.num_heads * d)
+        o = ctx.mixer_core(self._attend, q, k, v)
         if gate is not None:
-            o = o * torch.sigmoid(gate)
-        return all_reduce(self.o_proj(o), self.parallel)
+            o = _output_gate(o, gate)
+        return all_reduce(self.o_proj(o.reshape(t, self.num_heads * d)), self.parallel)
 
     def _attend(self, ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write the new K/V into the pages and attend over each request's cached ones."""
         kv = PagedKV(*ctx.pool.kv.layer(self.layer_id), ctx.pool.page_table, ctx.pool.page_size)
         return self.backend.forward(q, k, v, kv, ctx.batch, self.head_dim**-0.5)
+
+
+def _output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """o · sigmoid(gate) for both [T, heads, head_dim] -> [T, heads·head_dim]. On CUDA one launch that
+    reads the gate in place; the CPU path keeps its flat, copied gate (the reference's exact ops)."""
+    if o.is_cuda:
+        from minisgl.kernels.sigmoid_gate import sigmoid_gate
+
+        return sigmoid_gate(o, gate).flatten(1)
+    return o.flatten(1) * torch.sigmoid(gate.flatten(1))
