@@ -65,14 +65,15 @@ def test_fused_combine_is_torchs_chain(t: int, e: int, k: int, h: int, dtype: to
     torch.manual_seed(t + e + h)
     y = torch.randn(t * k, h, device=DEVICE).to(dtype)
     ids = _ids(t, e, k)
-    addend = SharedAddend(torch.randn(t, h, device=DEVICE).to(dtype), torch.randn(t, 1, device=DEVICE).to(logit_dtype) * 3)
+    logit = (torch.randn(t, 1, device=DEVICE) * 3).to(logit_dtype)  # sigmoid across (0, 1), not just near 1/2
+    addend = SharedAddend(torch.randn(t, h, device=DEVICE).to(dtype), logit)
     routed = _routed_reference(y, ids, e)
     ref = addend.add_to(routed)
 
     out = moe_gemm.moe_combine(y, ids, e, dtype, addend.out, addend.scale())
     assert out.dtype == ref.dtype and out.shape == ref.shape, f"{out.dtype}{tuple(out.shape)}"
     diff = (out.float() - ref.float()).abs()
-    assert torch.equal(out, ref), f"{(diff > 0).sum().item()} of {out.numel()} elements differ, max {diff.max().item():.2e}"
+    assert torch.equal(out, ref), f"{(diff > 0).sum().item()} of {out.numel()} elements differ, max {diff.max():.2e}"
     assert torch.equal(moe_gemm.moe_combine(y, ids, e, dtype), routed), "the unfused combine changed"
     if dtype == BF16 == logit_dtype:  # the test tells the chain from rounding once at the end
         once = (routed.float() + addend.scale().float() * addend.out.float()).to(dtype)
