@@ -78,8 +78,9 @@ class _FP8ActivationLinear(nn.Module):
 
 
 class _FP8ActivationExperts:
-    def forward(self, x, gate_up, down, ids, weights):  # noqa: ANN001, ANN201 - the experts interface
-        return moe_reference(x, gate_up, down, ids, weights, None, None, emulate=True).to(x.dtype)
+    def forward(self, x, gate_up, down, ids, weights, shared=None):  # noqa: ANN001, ANN201 - the experts interface
+        out = moe_reference(x, gate_up, down, ids, weights, None, None, emulate=True).to(x.dtype)
+        return out if shared is None else shared.add_to(out)
 
 
 def emulate_fp8_activations(model: nn.Module, quant: QuantConfig) -> None:

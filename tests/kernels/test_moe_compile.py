@@ -28,7 +28,9 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 
 from minisgl.kernels.fp8_quant import GROUP  # noqa: E402
 from minisgl.kernels.moe_blocks import MoeTile  # noqa: E402
-from minisgl.kernels.moe_gemm import NARROW_BLOCK_N, REGIMES, _moe_down_kernel, _moe_gate_up_kernel  # noqa: E402
+from minisgl.kernels.moe_gemm import (  # noqa: E402
+    NARROW_BLOCK_N, REGIMES, _moe_combine_kernel, _moe_down_kernel, _moe_gate_up_kernel,
+)
 from minisgl.kernels.moe_gemm_large import (  # noqa: E402
     _moe_down_large_kernel, _moe_gate_up_large_kernel, fuses_quantisation,
 )
@@ -100,3 +102,13 @@ def test_kernel_compiles(block_m: int, name: str, tile: MoeTile, dtype: str, eve
             shape["QUANT_H"] = quant_h
     ttir = _compile_to_ttir(kernel, _pointers(name, dtype, quant_h), shape)
     assert "tt.dot" in ttir and "tt.store" in ttir
+
+
+@pytest.mark.parametrize("act,scale,shared", [("bf16", "bf16", False), ("fp32", "fp32", False), ("bf16", "bf16", True),
+                                              ("fp32", "fp32", True), ("bf16", "fp32", True)])
+def test_combine_compiles(act: str, scale: str, shared: bool) -> None:
+    """The combine, alone and with the gated shared expert (the output in torch's promoted dtype)."""
+    out = "fp32" if shared and scale == "fp32" else act
+    pointers = dict(y_ptr=act, ids_ptr="i64", shared_ptr=act, scale_ptr=scale, out_ptr=out)
+    ttir = _compile_to_ttir(_moe_combine_kernel, pointers, dict(TOP_K=8, BLOCK_N=1024, SHARED=shared))
+    assert "tt.store" in ttir

@@ -3,7 +3,8 @@
 - `moe_gate_up`: h = silu(x W_gate^T) * (x W_up^T) for each grouped pair, gate and up tiles of the
   same columns in one program so SwiGLU happens in the epilogue; h rows stay in grouped order.
 - `moe_down`: y = p * (h W_down^T) written to the pair's own row t * k + j (p its routing weight).
-- `moe_combine`: out[t] = sum_j y[t * k + j] over the pairs with a valid id, in fp32.
+- `moe_combine`: out[t] = sum_j y[t * k + j] over the pairs with a valid id, in fp32; optionally
+  plus the gated shared expert, scale[t] * shared[t], in the same pass (rounded as torch rounds).
 
 FP8: the activations (x, then h) are quantised once per call, per token in 128-groups
 (kernels/fp8_quant.py), and the kernels read the FP8 codes and their group scales.
@@ -75,8 +76,8 @@ def _moe_down_kernel(
 
 @triton.jit
 def _moe_combine_kernel(
-    y_ptr, ids_ptr, out_ptr, N, num_experts, stride_ym, stride_om,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    y_ptr, ids_ptr, shared_ptr, scale_ptr, out_ptr, N, num_experts, stride_ym, stride_sm, stride_cm, stride_om,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,6 +87,14 @@ def _moe_combine_kernel(
         e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros_like(rn))  # broadcast: the mask needs a vector
         ok = n_ok & (e >= 0) & (e < num_experts)  # rows of skipped pairs were never written
         acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + rn, mask=ok, other=0.0).to(tl.float32)
+    if SHARED:
+        # torch's `routed + scale * shared` (SharedAddend.add_to): each op exact in fp32, rounded where
+        # torch rounds: the routed sum to x's dtype (the shared output's), the product and the sum to
+        # the output's. The launch disables FMA contraction, which would skip the product's rounding.
+        scale = tl.load(scale_ptr + t * stride_cm).to(tl.float32)
+        shared = tl.load(shared_ptr + t * stride_sm + rn, mask=n_ok, other=0.0).to(tl.float32)
+        gated = (scale * shared).to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = acc.to(shared_ptr.dtype.element_ty).to(tl.float32) + gated
     tl.store(out_ptr + t * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -222,13 +231,34 @@ def moe_down(
     return y
 
 
-def moe_combine(y: torch.Tensor, local_ids: torch.Tensor, num_experts: int, dtype: torch.dtype) -> torch.Tensor:
-    """[T, H]: the sum over each token's valid pairs (zero where a token has none)."""
+def moe_combine(
+    y: torch.Tensor,  # [T * k, H] from moe_down
+    local_ids: torch.Tensor,  # [T, k]
+    num_experts: int,
+    dtype: torch.dtype,  # the routed sum's (x's)
+    shared: torch.Tensor | None = None,  # [T, H] in `dtype`: the shared expert's output
+    scale: torch.Tensor | None = None,  # [T, 1] any float dtype: its gate, sigmoid(logit) in the logit's dtype
+) -> torch.Tensor:
+    """[T, H]: the sum over each token's valid pairs (zero where a token has none), in `dtype`; with
+    `shared`, plus scale * shared, bit for bit torch's `sum + scale * shared` on the rounded sum,
+    in torch's promoted dtype (`dtype` unless the scale is wider).
+
+    The sigmoid stays outside, in torch ([T, 1]: one tiny launch, no [T, H] traffic), so the gate
+    is torch's by construction: Triton's fp32 exp is an approximate ex2 that would move the bf16
+    gate by an ulp now and then, and libdevice's expf has no interpreter for the CPU tests."""
     t, top_k = local_ids.shape
     n = y.shape[1]
-    out = torch.empty(t, n, dtype=dtype, device=y.device)
+    if (shared is None) != (scale is None):
+        raise ValueError("the shared expert's output and its gate's scale come together")
+    if shared is not None and shared.dtype != dtype:
+        raise ValueError(f"the shared expert's output is {shared.dtype}, the routed sum {dtype}")
+    fused = shared is not None
+    out = torch.empty(t, n, dtype=torch.promote_types(dtype, scale.dtype) if fused else dtype, device=y.device)
+    shared, scale = (shared.contiguous(), scale) if fused else (y, y)  # y: pointers left unread
     block_n = 1024
     _moe_combine_kernel[(t, triton.cdiv(n, block_n))](
-        y, local_ids.contiguous(), out, n, num_experts, y.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=block_n,
+        y, local_ids.contiguous(), shared, scale, out, n, num_experts,
+        y.stride(0), shared.stride(0), scale.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, SHARED=fused, enable_fp_fusion=False,
     )
     return out

@@ -7,6 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from minisgl.moe.shared_addend import SharedAddend
+
 
 @runtime_checkable
 class ExpertsBackend(Protocol):
@@ -23,6 +25,8 @@ class ExpertsBackend(Protocol):
         weights: torch.Tensor,  # [T, k]
         gate_up_scale: torch.Tensor | None = None,  # FP8 weights: block scales (ExpertWeights.scales())
         down_scale: torch.Tensor | None = None,
+        shared: SharedAddend | None = None,  # a colocated block's shared expert; None on an expert worker
     ) -> torch.Tensor:
-        """sum over k of weights * expert(x) for this rank's experts -> [T, H] in x's dtype."""
+        """sum over k of weights * expert(x) for this rank's experts -> [T, H] in x's dtype, then
+        `shared.add_to` of that (rounded exactly as its torch ops round; the dtype theirs)."""
         ...

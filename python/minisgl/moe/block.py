@@ -9,6 +9,7 @@ from torch import nn
 
 from minisgl.layers.linear import Linear, column_parallel, row_parallel
 from minisgl.moe.router import route
+from minisgl.moe.shared_addend import SharedAddend
 from minisgl.parallel.config import SINGLE, ParallelConfig
 
 
@@ -47,8 +48,14 @@ class MoEBlock(nn.Module):
         """(weights, expert ids), each [T, top_k]."""
         return route(self.gate(x), self.top_k, self.renormalize)
 
-    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
-        """The shared expert's output (this rank's partial sum under TP), or None without one."""
+    def shared_addend(self, x: torch.Tensor) -> SharedAddend | None:
+        """The shared expert's output (this rank's partial sum under TP) and its gate's logit, for a
+        backend to add to the routed sum; None without a shared expert."""
         if self.shared_expert is None:
             return None
-        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return SharedAddend(self.shared_expert(x), self.shared_expert_gate(x))
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The gated shared expert's output, or None without one."""
+        addend = self.shared_addend(x)
+        return None if addend is None else addend.gated()

@@ -93,10 +93,10 @@ class LocalMoE(MoEBlock):
         weights, ids = self.route(x)
         if not self.all_experts:
             ids = self.experts.local_ids(ids)
+        # The backend adds the gated shared expert to the routed sum (the Triton one in its combine);
+        # under TP both are partial sums, so the one all-reduce still comes after the add.
         out = self.backend.forward(
-            x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales()
+            x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales(),
+            shared=self.shared_addend(x),
         )
-        shared = self.shared(x)
-        if shared is not None:
-            out = out + shared
         return all_reduce(out, self.parallel)

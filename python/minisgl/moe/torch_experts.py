@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up
+from minisgl.moe.shared_addend import SharedAddend
 
 
 class TorchExperts:
@@ -23,6 +24,7 @@ class TorchExperts:
         weights: torch.Tensor,  # [T, k]
         gate_up_scale: torch.Tensor | None = None,  # FP8 weights: block scales (ExpertWeights.scales())
         down_scale: torch.Tensor | None = None,
+        shared: SharedAddend | None = None,
     ) -> torch.Tensor:
         out = torch.zeros_like(x)
         num_local = gate_up_proj.shape[0]
@@ -36,4 +38,4 @@ class TorchExperts:
             gate, up = F.linear(x[tok], w13).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, w2) * weights[tok, slot, None]
             out.index_add_(0, tok, y.to(out.dtype))
-        return out
+        return out if shared is None else shared.add_to(out)

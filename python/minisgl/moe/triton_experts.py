@@ -1,6 +1,6 @@
 """Routed-expert compute on our Triton kernels: group by expert, grouped gate/up GEMM with SwiGLU,
-grouped down GEMM with the routing weight, combine. FP8 (block-128 scales) when the expert weights
-are float8_e4m3fn, BF16 otherwise.
+grouped down GEMM with the routing weight, combine (plus a colocated block's gated shared expert,
+in the same pass). FP8 (block-128 scales) when the expert weights are float8_e4m3fn, BF16 otherwise.
 
 Same call as TorchExperts (already-routed tokens in, so an expert worker uses it unchanged), plus
 the FP8 scales. Every buffer is sized from T * k, so decode replays in a CUDA graph.
@@ -12,6 +12,7 @@ import torch
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts
 from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, regime
 from minisgl.layers.fp8 import FP8_DTYPE
+from minisgl.moe.shared_addend import SharedAddend
 
 
 class TritonExperts:
@@ -26,15 +27,19 @@ class TritonExperts:
         weights: torch.Tensor,  # [T, k]
         gate_up_scale: torch.Tensor | None = None,  # [E_local, 2 * ceil(I/128), ceil(H/128)] fp32 (FP8 only)
         down_scale: torch.Tensor | None = None,  # [E_local, ceil(H/128), ceil(I/128)] fp32 (FP8 only)
+        shared: SharedAddend | None = None,  # added in the combine's pass, rounded as SharedAddend.add_to
         grouping: ExpertGrouping | None = None,  # precomputed align_experts(local_ids, E_local, block_m)
     ) -> torch.Tensor:
         fp8 = gate_up_proj.dtype == FP8_DTYPE
         if fp8 != (gate_up_scale is not None) or fp8 != (down_scale is not None):
             raise ValueError("FP8 expert weights need both scales, and BF16 ones none")
         if x.shape[0] == 0:
-            return torch.empty_like(x)
+            out = torch.empty_like(x)
+            return out if shared is None else shared.add_to(out)
         num_experts = gate_up_proj.shape[0]
         g = grouping or align_experts(local_ids, num_experts, regime(local_ids.numel(), num_experts).block_m)
         h = moe_gate_up(x, gate_up_proj, gate_up_scale, g)
         y = moe_down(h, down_proj, down_scale, weights, g)
-        return moe_combine(y, local_ids, num_experts, x.dtype)
+        if shared is None:
+            return moe_combine(y, local_ids, num_experts, x.dtype)
+        return moe_combine(y, local_ids, num_experts, x.dtype, shared.out, shared.scale())
