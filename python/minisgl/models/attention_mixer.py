@@ -10,6 +10,7 @@ from torch import nn
 
 from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.paged_kv import PagedKV
+from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -48,14 +49,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q = self.q_proj(x)
+        xin = Activations(x)  # q, k and v's one input, quantised once on FP8 weights
+        q = self.q_proj(xin)
         gate = None
         if self.gated:
             q, gate = q.view(t, self.num_heads, 2 * d).split(d, dim=-1)
             gate = gate.reshape(t, self.num_heads * d)
         q = self.q_norm(q.reshape(t, self.num_heads, d))
-        k = self.k_norm(self.k_proj(x).view(t, self.num_kv_heads, d))
-        v = self.v_proj(x).view(t, self.num_kv_heads, d)
+        k = self.k_norm(self.k_proj(xin).view(t, self.num_kv_heads, d))
+        v = self.v_proj(xin).view(t, self.num_kv_heads, d)
         q = self.rotary.apply(q, ctx.cos, ctx.sin)
         k = self.rotary.apply(k, ctx.cos, ctx.sin)
         o = ctx.mixer_core(self._attend, q, k, v).reshape(t, self.num_heads * d)
