@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.kernels.activations import Activations, tensor
 from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up, quantize_block_fp8
 from minisgl.layers.linear import Linear
 from minisgl.models.config import QuantConfig
@@ -73,12 +74,14 @@ class _FP8ActivationLinear(nn.Module):
         super().__init__()
         self.weight = linear.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
+        x = tensor(x)
         return F.linear(quantize_acts(x).to(x.dtype), self.weight)
 
 
 class _FP8ActivationExperts:
     def forward(self, x, gate_up, down, ids, weights, shared=None):  # noqa: ANN001, ANN201 - the experts interface
+        x = tensor(x)
         out = moe_reference(x, gate_up, down, ids, weights, None, None, emulate=True).to(x.dtype)
         return out if shared is None else shared.add_to(out)
 

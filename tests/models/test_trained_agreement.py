@@ -21,6 +21,7 @@ from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, gap_change, greedy, gr
 from gpu.fp8_refs import emulate_fp8_activations, quantize_acts
 from minisgl import LLM
 from minisgl.engine.engine import Engine
+from minisgl.kernels.activations import tensor
 from minisgl.moe.local_moe import LocalMoE
 from minisgl.models.tiny.default import trained_model_path
 
@@ -34,6 +35,7 @@ class _DispatchRounding:
         self.inner = inner
 
     def forward(self, x, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN201 - the experts interface
+        x = tensor(x)
         return self.inner.forward(quantize_acts(x).to(x.dtype), *args, **kwargs)
 
 

@@ -1,6 +1,7 @@
-"""The FP8 linear: activations quantised once per call, then the GEMM that is fastest at this many
-tokens, chosen from REGIMES by the token count's bucket (never by the exact count, so no step
-compiles a new kernel):
+"""The FP8 linear: activations quantised once (per call, or once for all the layers that read one
+Activations: kernels/activations.py), then the GEMM that is fastest at this many tokens, chosen
+from REGIMES by the token count's bucket (never by the exact count, so no step compiles a new
+kernel):
 
 - "split_k" (kernels/fp8_gemm.py): tokens as the MMA's narrow side, K split while the weight tiles
   are too few to fill the SMs; decode.
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.kernels.activations import Activations
 from minisgl.kernels.fp8_gemm import gemm_split_k
-from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas
+from minisgl.kernels.fp8_gemm_cublas import cublas_block_scaling, cublas_fits, gemm_cublas
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled
-from minisgl.kernels.fp8_quant import quantize_activations
 
 BACKENDS = ("split_k", "tiled", "cublas")
 
@@ -48,7 +49,7 @@ def regime(m: int) -> Regime:
 
 
 def fp8_linear(
-    x: torch.Tensor,  # [..., K] bf16 (or fp32)
+    x: torch.Tensor | Activations,  # [..., K] bf16 (or fp32); Activations to share its quantisation
     weight: torch.Tensor,  # [N, K] float8_e4m3fn
     scale_inv: torch.Tensor,  # [ceil(N/128), ceil(K/128)] fp32
     backend: str | None = None,
@@ -57,22 +58,23 @@ def fp8_linear(
 ) -> torch.Tensor:
     """x @ dequant(weight)^T in x's dtype. `backend`, `tile` and the split-K kernel's options
     (block_n, split_k, num_warps, num_stages) override the regime's choice (tests, benchmarks)."""
+    acts = Activations.of(x)
+    x = acts.x
     n, k = weight.shape
     if x.shape[-1] != k or weight.stride(1) != 1 or scale_inv.stride(1) != 1:
         raise ValueError(f"fp8_linear: x {tuple(x.shape)} vs weight {tuple(weight.shape)} (rows must be packed)")
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"fp8_linear: backend {backend!r} is not one of {BACKENDS}")
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
+    m = x.numel() // k
     if m == 0:
         return x.new_empty(*x.shape[:-1], n)
     chosen = regime(m)
     backend = backend or chosen.backend
     tile = tile or chosen.tile or REGIMES[-1].tile
+    xq, xs = acts.fp8()  # rows padded for cuBLAS; the Triton GEMMs take rows [:m]
     if backend == "cublas" and cublas_fits(weight, scale_inv) and cublas_block_scaling(x.device) is None:
-        xq, xs = quantize_activations(x2, ROWS_MULTIPLE)
         return gemm_cublas(xq, xs, weight, scale_inv, x.dtype)[:m].view(*x.shape[:-1], n)
-    xq, xs = quantize_activations(x2)
+    xq, xs = xq[:m], xs[:m]
     if backend in ("tiled", "cublas"):
         out = gemm_tiled(xq, xs, weight, scale_inv, x.dtype, tile)
     else:

@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.activations import Activations, tensor
 from minisgl.kernels.fp8_gemm import num_sms
-from minisgl.kernels.fp8_quant import GROUP, quantize_activations
+from minisgl.kernels.fp8_quant import GROUP
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 from minisgl.kernels.moe_gemm_large import down_large, fuses_quantisation, gate_up_large
@@ -151,11 +152,12 @@ def _tile(tile: MoeTile, n: int, g: ExpertGrouping, operand_bytes: int, weight_t
     return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))
 
 
-def _activations(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, group scales) for FP8 weights; x itself twice for BF16 ones (the scales unread).
+def _activations(x: torch.Tensor | Activations, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, group scales) for FP8 weights (x's own, when other layers quantised it already; rows
+    padded, which the kernels never read); x itself twice for BF16 ones (the scales unread).
     For h this quantises every row, unused ones too (their garbage is never read): sizing by the
     real row count would need a host sync, and h is small beside the expert weights."""
-    return quantize_activations(x) if fp8 else (x, x)
+    return Activations.of(x).fp8() if fp8 else (tensor(x), tensor(x))
 
 
 # h between the GEMMs: in the activations' dtype, or already FP8 codes and their group scales
@@ -164,18 +166,19 @@ Hidden = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def moe_gate_up(
-    x: torch.Tensor,  # [T, H] bf16
+    x: torch.Tensor | Activations,  # [T, H] bf16; Activations to share its quantisation with other layers
     gate_up: torch.Tensor,  # [E, 2I, H] fp8 or bf16, gate rows first
     gate_up_scale: torch.Tensor | None,  # [E, 2 * ceil(I/128), ceil(H/128)] fp32 for fp8
     g: ExpertGrouping,
     **override: int,  # MoeTile fields (benchmarks)
 ) -> Hidden:
     """h [max_blocks * BLOCK_M, I], rows in grouped order (unused rows unwritten)."""
+    fp8 = gate_up_scale is not None
+    xq, xs = _activations(x, fp8)
+    x = tensor(x)
     e, two_i, k = gate_up.shape
     inter = two_i // 2
-    fp8 = gate_up_scale is not None
     tile = _tile(regime(x.shape[0] * g.top_k, e).gate_up, inter, g, gate_up.element_size(), 2, override)
-    xq, xs = _activations(x, fp8)
     rows = g.rows.shape[0]
     if tile.large_m:
         if fuses_quantisation(tile, fp8, x.dtype):

@@ -1,11 +1,13 @@
 """Linear layer holding its weight as the FP8 checkpoints do: float8_e4m3fn plus one fp32 scale per
 128x128 block (`weight_scale_inv`, names as on disk). GPU only: the forward is the block-scaled
-Triton GEMM, which quantises activations per token in 128-wide groups."""
+Triton GEMM, which quantises activations per token in 128-wide groups (once for all the layers that
+read one Activations)."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from minisgl.kernels.activations import Activations
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
 
 KERNEL_BLOCK = (128, 128)  # the only block the GEMM implements (that of every official FP8 checkpoint)
@@ -22,7 +24,7 @@ class Fp8Linear(nn.Module):
             requires_grad=False,
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
         # Imported here: CPU installs have no triton (they may still build and load this layer).
         from minisgl.kernels.fp8_linear import fp8_linear
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.kernels.activations import Activations, tensor
 from minisgl.parallel.shard import Shard
 
 
@@ -21,8 +22,8 @@ class Linear(nn.Module):
                 raise ValueError(f"shard {shard} does not give a [{out_features}, {in_features}] weight")
             self.shards = {"weight": shard}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+    def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
+        return F.linear(tensor(x), self.weight)
 
 
 def column_parallel(in_features: int, out_features: int, *rows: tuple[int, int]) -> Linear:

@@ -10,6 +10,7 @@ from torch import nn
 
 from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.paged_kv import PagedKV
+from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.rotary import RotaryEmbedding
@@ -48,11 +49,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
-        q = self.q_proj(x).view(t, self.num_heads, -1)
+        xin = Activations(x)  # q, k and v's one input, quantised once on FP8 weights
+        q = self.q_proj(xin).view(t, self.num_heads, -1)
         q, gate = q.split(d, dim=-1) if self.gated else (q, None)  # strided views of [query | gate]
         q = self.rotary.apply_normed(q, self.q_norm, ctx.cos, ctx.sin)
-        k = self.rotary.apply_normed(self.k_proj(x).view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
-        v = self.v_proj(x).view(t, self.num_kv_heads, d)
+        k = self.rotary.apply_normed(self.k_proj(xin).view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
+        v = self.v_proj(xin).view(t, self.num_kv_heads, d)
         o = ctx.mixer_core(self._attend, q, k, v)
         if gate is not None:
             o = _output_gate(o, gate)

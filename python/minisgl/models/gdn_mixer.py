@@ -13,6 +13,7 @@ from torch import nn
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.kernels.activations import Activations
 from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
@@ -59,8 +60,11 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
-        o = ctx.mixer_core(self._mix, self.in_proj_qkv(x), self.in_proj_a(x), self.in_proj_b(x))
-        z = self.in_proj_z(x).reshape(t * self.num_v_heads, self.v_dim)
+        xin = Activations(x)  # the four projections' one input, quantised once on FP8 weights
+        o = ctx.mixer_core(self._mix, self.in_proj_qkv(xin), self.in_proj_a(xin), self.in_proj_b(xin))
+        # xin (x and its codes) outlives the core: with piecewise graphs, graph-pool memory that no
+        # core touches and that the next graph reads, as x alone did before.
+        z = self.in_proj_z(xin).reshape(t * self.num_v_heads, self.v_dim)
         o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
         return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)
 

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from minisgl.moe.shared_addend import SharedAddend
+from minisgl.kernels.activations import Activations
 
 
 @runtime_checkable
@@ -18,7 +19,7 @@ class ExpertsBackend(Protocol):
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, H]
+        x: torch.Tensor | Activations,  # [T, H]; Activations to share its FP8 quantisation with other layers
         gate_up_proj: torch.Tensor,  # [E_local, 2I, H], gate rows first; bf16/fp32 or float8_e4m3fn
         down_proj: torch.Tensor,  # [E_local, H, I]
         local_ids: torch.Tensor,  # [T, k]; ids outside [0, E_local) are skipped (another rank's experts)

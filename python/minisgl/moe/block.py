@@ -1,12 +1,14 @@
 """What every MoE block holds, colocated (moe/local_moe.py) or on an AFD attention worker
 (afd/remote_moe.py): the router gate and the optional shared expert, scaled by its own sigmoid
-gate. Parameter names are the checkpoint's (gate, shared_expert, shared_expert_gate)."""
+gate. Parameter names are the checkpoint's (gate, shared_expert, shared_expert_gate). Both take the
+block's input as Activations too, so on FP8 weights it is quantised once for all its readers."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import Linear, column_parallel, row_parallel
 from minisgl.moe.router import route
 from minisgl.moe.shared_addend import SharedAddend
@@ -24,7 +26,8 @@ class SharedExpert(nn.Module):
         self.up_proj = column_parallel(hidden, intermediate, *part)
         self.down_proj = row_parallel(intermediate, hidden, *part)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
+        x = Activations.of(x)  # gate and up quantise it once
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -44,11 +47,11 @@ class MoEBlock(nn.Module):
             self.shared_expert = SharedExpert(hidden, intermediate, self.parallel)
             self.shared_expert_gate = Linear(hidden, 1)
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def route(self, x: torch.Tensor | Activations) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, expert ids), each [T, top_k]."""
         return route(self.gate(x), self.top_k, self.renormalize)
 
-    def shared_addend(self, x: torch.Tensor) -> SharedAddend | None:
+    def shared_addend(self, x: torch.Tensor | Activations) -> SharedAddend | None:
         """The shared expert's output (this rank's partial sum under TP) and its gate's logit, for a
         backend to add to the routed sum; None without a shared expert."""
         if self.shared_expert is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from minisgl.kernels.activations import Activations
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv
 from minisgl.moe.block import MoEBlock
 from minisgl.moe.backend import ExpertsBackend
@@ -90,13 +91,14 @@ class LocalMoE(MoEBlock):
         self.add_shared_expert(hidden, shared_intermediate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.route(x)
+        xin = Activations(x)  # the shared and routed experts' one input, quantised once on FP8 weights
+        weights, ids = self.route(xin)
         if not self.all_experts:
             ids = self.experts.local_ids(ids)
         # The backend adds the gated shared expert to the routed sum (the Triton one in its combine);
         # under TP both are partial sums, so the one all-reduce still comes after the add.
         out = self.backend.forward(
-            x, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales(),
-            shared=self.shared_addend(x),
+            xin, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales(),
+            shared=self.shared_addend(xin),
         )
         return all_reduce(out, self.parallel)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minisgl.kernels.activations import Activations, tensor
 from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up
 from minisgl.moe.shared_addend import SharedAddend
 
@@ -17,7 +18,7 @@ class TorchExperts:
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, H]
+        x: torch.Tensor | Activations,  # [T, H]
         gate_up_proj: torch.Tensor,  # [E_local, 2I, H], gate rows first
         down_proj: torch.Tensor,  # [E_local, H, I]
         local_ids: torch.Tensor,  # [T, k] int64; ids outside [0, E_local) are skipped
@@ -26,6 +27,7 @@ class TorchExperts:
         down_scale: torch.Tensor | None = None,
         shared: SharedAddend | None = None,
     ) -> torch.Tensor:
+        x = tensor(x)
         out = torch.zeros_like(x)
         num_local = gate_up_proj.shape[0]
         hit = torch.unique(local_ids)

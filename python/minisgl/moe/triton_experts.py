@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.kernels.activations import Activations
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts
 from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, regime
 from minisgl.layers.fp8 import FP8_DTYPE
@@ -20,7 +21,7 @@ class TritonExperts:
 
     def forward(
         self,
-        x: torch.Tensor,  # [T, H]
+        x: torch.Tensor | Activations,  # [T, H]
         gate_up_proj: torch.Tensor,  # [E_local, 2I, H], gate rows first; bf16 or float8_e4m3fn
         down_proj: torch.Tensor,  # [E_local, H, I]
         local_ids: torch.Tensor,  # [T, k]; ids outside [0, E_local) are skipped
@@ -30,6 +31,8 @@ class TritonExperts:
         shared: SharedAddend | None = None,  # added in the combine's pass, rounded as SharedAddend.add_to
         grouping: ExpertGrouping | None = None,  # precomputed align_experts(local_ids, E_local, block_m)
     ) -> torch.Tensor:
+        xin = Activations.of(x)
+        x = xin.x
         fp8 = gate_up_proj.dtype == FP8_DTYPE
         if fp8 != (gate_up_scale is not None) or fp8 != (down_scale is not None):
             raise ValueError("FP8 expert weights need both scales, and BF16 ones none")
@@ -38,7 +41,7 @@ class TritonExperts:
             return out if shared is None else shared.add_to(out)
         num_experts = gate_up_proj.shape[0]
         g = grouping or align_experts(local_ids, num_experts, regime(local_ids.numel(), num_experts).block_m)
-        h = moe_gate_up(x, gate_up_proj, gate_up_scale, g)
+        h = moe_gate_up(xin, gate_up_proj, gate_up_scale, g)
         y = moe_down(h, down_proj, down_scale, weights, g)
         if shared is None:
             return moe_combine(y, local_ids, num_experts, x.dtype)
