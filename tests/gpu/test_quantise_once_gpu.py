@@ -22,7 +22,7 @@ pytest.importorskip("triton")
 
 from minisgl.kernels import fp8_gemm_cublas, fp8_quant  # noqa: E402
 from minisgl.kernels.fp8_gemm import gemm_split_k  # noqa: E402
-from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, gemm_cublas  # noqa: E402
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE, cublas_block_scaling, cublas_fits, gemm_cublas  # noqa: E402
 from minisgl.kernels.fp8_gemm_tiled import TileConfig, gemm_tiled  # noqa: E402
 from minisgl.kernels.fp8_linear import REGIMES, fp8_linear  # noqa: E402
 from minisgl.kernels.moe_align import align_experts  # noqa: E402
@@ -65,11 +65,12 @@ def _x(t: int) -> torch.Tensor:
 
 
 def _own_quantisation(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, backend: str, tile: TileConfig) -> torch.Tensor:
-    """fp8_linear before sharing: the layer quantises x itself, padded for cuBLAS only."""
-    if backend == "cublas":
+    """fp8_linear before sharing: the layer quantises x itself, padded for cuBLAS only (which takes
+    only the weights it fits; the others fall back to the tile, as fp8_linear does)."""
+    if backend == "cublas" and cublas_fits(w, s):
         return gemm_cublas(*fp8_quant.quantize_activations(x, ROWS_MULTIPLE), w, s, x.dtype)[: x.shape[0]]
     xq, xs = fp8_quant.quantize_activations(x)
-    return gemm_tiled(xq, xs, w, s, x.dtype, tile) if backend == "tiled" else gemm_split_k(xq, xs, w, s, x.dtype)
+    return gemm_split_k(xq, xs, w, s, x.dtype) if backend == "split_k" else gemm_tiled(xq, xs, w, s, x.dtype, tile)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

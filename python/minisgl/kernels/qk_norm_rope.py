@@ -104,5 +104,6 @@ def norm_rope(
         x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), rows, heads, eps,
         ONE_PLUS_W=zero_centered, DTYPE=_TL_DTYPE[x.dtype], HEAD_DIM=d, ROTARY_DIM=rotary_dim,
         BLOCK_R=block_r, BLOCK_C=block_c,
+        enable_fp_fusion=False,  # y·cos + rot·sin fused into one FMA would skip torch's rounding of each product
     )
     return out
