@@ -33,8 +33,8 @@ MODELS = {"Qwen3.5-35B-A3B": (16, 2), "Qwen3.5-122B-A10B": (32, 2)}  # (query he
 # (block_m, block_n, num_warps, num_stages): query rows (tokens x heads of a group) and keys per
 # tile; shared memory holds num_stages K and V tiles of block_n x 256 bf16 (32 KB each at 64).
 TILINGS = [
-    (64, 32, 4, 3), (64, 32, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2), (64, 64, 4, 3), (64, 128, 8, 1),
-    (128, 32, 8, 2), (128, 32, 8, 3), (128, 64, 8, 2), (128, 64, 8, 1), (128, 128, 8, 1), (128, 64, 4, 2),
+    (128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (128, 32, 8, 2), (128, 128, 8, 1), (64, 64, 4, 2),
+    (64, 32, 4, 3), (64, 64, 8, 2),
 ]
 
 

@@ -98,6 +98,24 @@ def test_paged_extend(config: tuple[int, int, int, int], dtype: torch.dtype) -> 
     assert torch.equal(pool.k_cache, k_before), "extend wrote the cache"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_paged_extend_long_prefix(page_size: int, dtype: torch.dtype) -> None:
+    """Long cached prefixes, so most key tiles take the unmasked loop (one page lookup a tile at
+    pages of 64, per-key lookups at 16), with cached keys scaled by a log-normal factor a row so the
+    running max jumps by large steps at random tiles."""
+    heads, kv_heads, dim = 32, 2, 256
+    prefix, extend = [1000, 1500, 0, 1983], [200, 37, 300, 1]
+    pool = paged_pool(kv_heads, dim, page_size, 2048, dtype)
+    pool.k_cache.mul_(torch.exp(1.5 * torch.randn(pool.k_cache.shape[0], 1, 1, device=DEVICE)).to(dtype))
+    batch, (q, _, _), ref = run_reference(pool, prefix, extend, heads, dtype)
+    out = paged_extend(
+        q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
+        max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=dtype),
+    )
+    assert_close(out, ref, TOL[dtype], "extend output over a long prefix")
+
+
 @pytest.mark.parametrize("decode", [True, False])
 def test_triton_backend(decode: bool) -> None:
     """The registered backend writes the new K/V exactly where the reference does and agrees with it."""
