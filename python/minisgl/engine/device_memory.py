@@ -43,14 +43,21 @@ Run = Callable[[list[StepShape]], None]
 MakeBatch = Callable[[list[list[int]], list[int], list[int]], ForwardBatch]
 
 
-def _peak(run: Callable[[], None]) -> int:
-    """Bytes allocated at the peak of `run` beyond what was allocated before it."""
+def _peak(run: Callable[[], None], segments: bool = False) -> int:
+    """Bytes allocated at the peak of `run` beyond what was allocated before it. With `segments`, at
+    least what the caching allocator's segments grew by from an empty cache: that counts the
+    fragmentation the run's mix of tensor sizes leaves, which allocated bytes do not. (The 122B's
+    mixed warm-up step on the real pool once failed to find 772 MiB with 1.14 GiB reserved but
+    split into smaller free blocks, when the reserve held only the allocated peak.)"""
     torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
+    if segments:
+        torch.cuda.empty_cache()
+    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     run()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
+    allocated = torch.cuda.max_memory_allocated() - base
+    return max(allocated, torch.cuda.max_memory_reserved() - base_reserved) if segments else allocated
 
 
 def _per_row(run: Run, rows: int, table_len: int) -> int:
@@ -155,6 +162,10 @@ def prepare_on_device(
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
     step_peak = _peak(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
+    # The largest step once more from an empty cache, for the segments it takes with fragmentation
+    # (the whole ladder from empty would count every size's cached segments, as no step holds them).
+    largest = largest_prefill(max_prefill_tokens, args.chunked_prefill_size, table_len)
+    step_peak = max(step_peak, _peak(lambda: run([largest]), segments=True))
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
