@@ -1,6 +1,8 @@
 """Helpers shared by the GPU kernel tests: error metric, poisoned outputs, random pool slots."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -33,3 +35,17 @@ def others(slots: Tensor, total: int) -> Tensor:
     keep = torch.ones(total, dtype=torch.bool, device=slots.device)
     keep[slots] = False
     return keep.nonzero()[:, 0]
+
+
+def captured(run: Callable[[], Tensor]) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """run() once on a side stream (its kernels compile outside capture), then captured into a CUDA
+    graph: (the graph, the output buffer its replays write)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_checks import DEVICE
+from kernel_checks import DEVICE, captured
 
 pytest.importorskip("triton")  # CPU-only installs collect this file and skip it
 
@@ -111,14 +111,7 @@ def test_fused_combine_replays_in_a_graph_and_compiles_once() -> None:
 
     bufs = inputs(48)
     run = lambda: moe_gemm.moe_combine(bufs[0], bufs[1], e, BF16, bufs[2], bufs[3])  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # compile outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = captured(run)
     for buf, new in zip(bufs, inputs(48)):
         buf.copy_(new)
     graph.replay()

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fp8_refs import DEVICE, moe_reference, poison_allocator, quantize_acts, rel_err
+from kernel_checks import captured
 
 pytest.importorskip("triton")
 
@@ -195,14 +196,7 @@ def test_graph_replay_matches_eager() -> None:
     ids, weights = _routing(t, e, k)
     experts = TritonExperts()
     run = lambda: experts.forward(x, gate_up, down, ids, weights, gs, ds)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # compile outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = captured(run)
     x.copy_(torch.randn_like(x))  # fresh inputs and routing, replayed through the same buffers
     new_ids, new_weights = _routing(t, e, k)
     ids.copy_(new_ids)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.head_rows import head_row_tiles, head_rows_output
+
 _TILE = 2048  # elements a program covers: eight heads of 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
@@ -90,16 +92,12 @@ def norm_rope(
         x = x.contiguous()
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
         cos, sin = cos.contiguous(), sin.contiguous()
-    if out is None:
-        out = torch.empty((t, heads, d), dtype=x.dtype, device=x.device)
-    elif out.shape != x.shape or out.dtype != x.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    out = head_rows_output(x, out)
     rows = t * heads
     if rows == 0:
         return out
-    block_c = triton.next_power_of_2(d)
-    block_r = max(1, _TILE // block_c)
-    _norm_rope_kernel[(triton.cdiv(rows, block_r),)](
+    programs, block_r, block_c = head_row_tiles(rows, d, _TILE)
+    _norm_rope_kernel[(programs,)](
         x, weight, cos, sin, out,
         x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), rows, heads, eps,
         ONE_PLUS_W=zero_centered, DTYPE=_TL_DTYPE[x.dtype], HEAD_DIM=d, ROTARY_DIM=rotary_dim,

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.head_rows import head_row_tiles, head_rows_output
+
 _TILE = 2048  # elements a program covers: eight heads of 256
 
 
@@ -37,16 +39,12 @@ def sigmoid_gate(o: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None =
         raise ValueError(f"gate {gate.dtype}{tuple(gate.shape)} must match o {o.dtype}{tuple(o.shape)}")
     o, gate = (a if a.stride(-1) == 1 else a.contiguous() for a in (o, gate))
     t, heads, d = o.shape
-    if out is None:
-        out = torch.empty((t, heads, d), dtype=o.dtype, device=o.device)
-    elif out.shape != o.shape or out.dtype != o.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {o.dtype} tensor of shape {tuple(o.shape)}")
+    out = head_rows_output(o, out)
     rows = t * heads
     if rows == 0:
         return out
-    block_c = triton.next_power_of_2(d)
-    block_r = max(1, _TILE // block_c)
-    _sigmoid_gate_kernel[(triton.cdiv(rows, block_r),)](
+    programs, block_r, block_c = head_row_tiles(rows, d, _TILE)
+    _sigmoid_gate_kernel[(programs,)](
         o, gate, out, o.stride(0), o.stride(1), gate.stride(0), gate.stride(1), rows, heads,
         HEAD_DIM=d, BLOCK_R=block_r, BLOCK_C=block_c,
     )
