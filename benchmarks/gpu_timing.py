@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from triton.testing import do_bench
 
 
 def median_us(fn: Callable[[], object], warmup_ms: int = 10, rep_ms: int = 50) -> float:
     """Median of triton's do_bench (events; L2 flushed between runs), in microseconds."""
+    from triton.testing import do_bench  # here, so table() serves CPU-only scripts too
+
     return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
 
 

@@ -8,14 +8,17 @@ those decoding. It is the largest of:
 - --prefill-tokens-per-request for each request running or waiting: a crowd of 512 slots fills
   at 8,192 tokens a step, not one 1K prompt a step (docs/benchmarks.md: 1.5x the 35B's throughput
   profile, and the TTFT median of 200 prompts arriving together from 8.6 to 3.1 s);
-- while more requests wait for their prompt than decode, the queue is what most requests wait on:
-  the budget climbs from one chunk towards --max-prefill-tokens with the prompts' surplus over the
-  decodes (surplus / prompts of the way). When 57 long prompts waited beside 4 decodes, one chunk a
+- while prompts still to prefill outnumber 1.5x the decoding requests, the queue is what most
+  requests wait on: the budget climbs from one chunk towards --max-prefill-tokens with the share of
+  the prompts beyond 1.5x the decodes. When 57 long prompts waited beside 4 decodes, one chunk a
   step left the GPU prefilling at a fifth of its speed for minutes; when 76 of vLLM's Long Context
-  prompts (32K tokens) waited beside 24 decodes, the former rule (a chunk for each prompt per
-  decode: 3K-token steps) served 40.9K tok/s where one 16K-token step alone runs at 45K
-  (docs/benchmarks.md). With as many decodes as prompts or more (a steady stream of arrivals)
-  nothing changes: one chunk, so inter-token latency stays bounded.
+  prompts (32K tokens) waited beside 24 decodes, a chunk for each prompt per decode (3K-token
+  steps) served 40.9K tok/s where one 16K-token step alone runs at 45K. The threshold 1.5 was
+  chosen with benchmarks/sim_prefill_budget.py, whose step-cost model reproduces the served Long
+  Context rows within 1% (docs/benchmarks.md): from 1x the decodes, 8K prompts arriving in waves
+  of 64 took 16K-token steps beside the first decodes and doubled their ITL P99; from 1.5x, ITL
+  P99 is below the former rule's and Long Context keeps most of the gain. With fewer prompts (a
+  steady stream of arrivals) nothing changes: one chunk, so inter-token latency stays bounded.
 At most --max-prefill-tokens.
 """
 from __future__ import annotations
@@ -33,8 +36,8 @@ def step_prefill_budget(
 
 
 def _queue_share(decodes: int, prefilling: int, chunk: int, max_prefill_tokens: int) -> int:
-    """One chunk, plus the rest of the step budget in the share of prompts beyond the decodes."""
-    surplus = prefilling - decodes
+    """One chunk, plus the rest of the step budget in the share of the prompts beyond 1.5x the decodes."""
+    surplus = 2 * prefilling - 3 * decodes  # in halves of a request
     if surplus <= 0:
         return chunk
-    return chunk + max(0, max_prefill_tokens - chunk) * surplus // prefilling
+    return chunk + max(0, max_prefill_tokens - chunk) * surplus // (2 * prefilling)

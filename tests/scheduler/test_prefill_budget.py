@@ -21,12 +21,13 @@ PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
         (0, 300, 300, 16, 16384),  # nothing decodes: the whole step budget
         (1, 0, 1, 16, 1024),  # a few requests keep one chunk
         (32, 2, 64, 16, 1024),  # 64 x 16 is one chunk; 2 prompts beside 32 decodes: a chunk
-        (100, 199, 300, 16, 8665),  # 99 more prompts than decodes: a chunk + 99/199 of the rest
+        (100, 199, 300, 16, 4806),  # 49 prompts beyond 1.5x the decodes: a chunk + 98/398 of the rest
         (100, 99, 300, 16, 4800),  # fewer prompts than decodes: 300 requests x 16
-        (16, 184, 200, 16, 15048),  # 184 prompts beside 16 decodes: a chunk + 168/184 of the rest
-        (24, 76, 100, 16, 11533),  # vLLM's Long Context midway: 76 prompts of 32K beside 24 decodes
-        (4, 57, 61, 16, 15306),  # 57 long prompts beside 4 decodes
-        (30, 31, 61, 0, 1519),  # one prompt more than the decodes: a chunk + 1/31 of the rest
+        (16, 184, 200, 16, 14380),  # 184 prompts beside 16 decodes: a chunk + 320/368 of the rest
+        (24, 76, 100, 16, 9108),  # vLLM's Long Context midway: 76 prompts of 32K beside 24 decodes
+        (4, 57, 61, 16, 14767),  # 57 long prompts beside 4 decodes
+        (20, 31, 51, 0, 1519),  # one prompt beyond 1.5x the decodes: a chunk + 2/62 of the rest
+        (30, 31, 61, 0, 1024),  # more prompts than decodes, fewer than 1.5x: one chunk
         (512, 512, 1024, 16, 16384),  # never above --max-prefill-tokens
         (512, 512, 512, 0, 1024),  # a prompt per decode and no per-request share: one chunk
     ],
@@ -64,13 +65,13 @@ def _decoding(i: int) -> Request:
 
 @pytest.mark.parametrize(
     "decodes, waiting, prefill",
-    [(0, 4, 400), (4, 2, 100), (20, 12, 160), (20, 40, 300), (2, 6, 233), (4, 16, 250)],
+    [(0, 4, 400), (4, 2, 100), (20, 12, 160), (20, 40, 300), (2, 6, 200), (4, 16, 225)],
 )
 def test_plan_batch_takes_the_budget_beside_decodes(decodes: int, waiting: int, prefill: int) -> None:
     """chunk 100, 5 tokens a request, step budget 300 (400 without decodes); prompts of 150 tokens.
     (4, 2): one chunk; (20, 12): 32 requests x 5 = 160, a chunk and 60 tokens of the next prompt;
-    (20, 40): 60 x 5 = 300; (2, 6): 6 prompts beside 2 decodes, a chunk and 4/6 of the other 200;
-    (4, 16): a chunk and 12/16 of 200."""
+    (20, 40): 60 x 5 = 300; (2, 6): 6 prompts beside 2 decodes, 3 beyond 1.5x them, a chunk and 3/6
+    of the other 200; (4, 16): a chunk and 10/16 of 200."""
     running = [_decoding(i) for i in range(decodes)]
     queue = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(waiting))
     items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=300 if decodes else 400,
@@ -87,7 +88,7 @@ def test_negative_tokens_per_request_is_refused() -> None:
 
 
 def test_running_prompts_count_as_prefilling() -> None:
-    """2 decodes, 4 running prompts 50 tokens in, 2 waiting: chunk 100 and 4/6 of the other 300 is
+    """2 decodes, 4 running prompts 50 tokens in, 2 waiting: chunk 100 and 3/6 of the other 400 is
     3 chunks, all taken by the running prompts before anything is admitted."""
     running = [_decoding(i) for i in range(2)]
     for i in range(4):
@@ -95,7 +96,7 @@ def test_running_prompts_count_as_prefilling() -> None:
         r.slot, r.num_computed = 10 + i, 50
         running.append(r)
     queue = deque(Request(f"w{i}", list(range(3, 153)), PARAMS) for i in range(2))
-    items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=400, per_request=5)
+    items = plan_batch(running, queue, _Pool(), MAX_SEQ, chunk_size=100, prefill_budget=500, per_request=5)
     assert [(r.rid, n) for r, n in items if n > 1] == [("p0", 100), ("p1", 100), ("p2", 100)]
     assert len(queue) == 2
 
