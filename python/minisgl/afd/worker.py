@@ -25,6 +25,7 @@ from minisgl.afd.step_profiler import StepProfiler
 from minisgl.afd.transport_choice import process_group_backend
 from minisgl.afd.protocol import ATTN, Ready, Reply, Shutdown, WarmupReply, WarmupStep, WorkerFailed, WorkerSpec
 from minisgl.engine import compile_watch
+from minisgl.engine.device_memory import peak_bytes
 from minisgl.parallel.config import SINGLE, ParallelConfig
 from minisgl.process_setup import name_process, set_loading_bar, setup_logging
 
@@ -68,20 +69,19 @@ class ControlChannel:
 
 def warm_up(runner: StepRunner, step: WarmupStep) -> WarmupReply:
     """Run a warm-up step and measure it: the Triton compiles it caused and, on CUDA, the most it
-    allocated beyond what was allocated before it (what a planner must leave free beside the pool)."""
+    allocated beyond what was allocated before it (what a planner must leave free beside the pool);
+    for a prefill step, at least the allocator segments it grew by from an empty cache, so the
+    reserve holds its fragmentation too (engine/device_memory.peak_bytes)."""
     cuda = runner.device.type == "cuda"
     if cuda:
         compile_watch.install()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
     compiles = compile_watch.compile_count()
-    with compile_watch.warming_up():
-        runner.warm_up(step)
     peak = None
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
+    with compile_watch.warming_up():
+        if cuda:
+            peak = peak_bytes(lambda: runner.warm_up(step), segments=step.phase == "prefill")
+        else:
+            runner.warm_up(step)
     return WarmupReply(step.step, runner.name, peak, compile_watch.compile_count() - compiles, runner.captured_graphs)
 
 

@@ -43,7 +43,7 @@ Run = Callable[[list[StepShape]], None]
 MakeBatch = Callable[[list[list[int]], list[int], list[int]], ForwardBatch]
 
 
-def _peak(run: Callable[[], None], segments: bool = False) -> int:
+def peak_bytes(run: Callable[[], None], segments: bool = False) -> int:
     """Bytes allocated at the peak of `run` beyond what was allocated before it. With `segments`, at
     least what the caching allocator's segments grew by from an empty cache: that counts the
     fragmentation the run's mix of tensor sizes leaves, which allocated bytes do not. (The 122B's
@@ -62,8 +62,8 @@ def _peak(run: Callable[[], None], segments: bool = False) -> int:
 
 def _per_row(run: Run, rows: int, table_len: int) -> int:
     """Activation bytes each decode row adds to a step `run` makes, from steps of 1 and `rows` rows."""
-    one = _peak(lambda: run(decode_shapes([1], table_len)))
-    return max(0, _peak(lambda: run(decode_shapes([rows], table_len))) - one) // max(1, rows - 1)
+    one = peak_bytes(lambda: run(decode_shapes([1], table_len)))
+    return max(0, peak_bytes(lambda: run(decode_shapes([rows], table_len))) - one) // max(1, rows - 1)
 
 
 def _runner(plan: EnginePlan, make_batch: MakeBatch, forward: Callable[[ForwardBatch], torch.Tensor],
@@ -124,7 +124,7 @@ class DevicePreparation:
                   + mixed_shapes(rows, chunk, max_len, beside)
                   + decode_shapes([b for b in size_ladder(rows) if b > graph_top], max_len))
         run = _runner(plan, make_batch, forward)
-        self.final_peak_bytes = _peak(lambda: run(shapes))
+        self.final_peak_bytes = peak_bytes(lambda: run(shapes))
         self.final_seconds = time.monotonic() - started
         self.final_compiles = compile_watch.compile_count() - compiles
 
@@ -161,11 +161,11 @@ def prepare_on_device(
 
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
-    step_peak = _peak(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
+    step_peak = peak_bytes(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
     # The largest step once more from an empty cache, for the segments it takes with fragmentation
     # (the whole ladder from empty would count every size's cached segments, as no step holds them).
     largest = largest_prefill(max_prefill_tokens, args.chunked_prefill_size, table_len)
-    step_peak = max(step_peak, _peak(lambda: run([largest]), segments=True))
+    step_peak = max(step_peak, peak_bytes(lambda: run([largest]), segments=True))
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
