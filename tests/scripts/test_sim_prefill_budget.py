@@ -1,0 +1,42 @@
+"""benchmarks/sim_prefill_budget.py on the CPU: its clock and ITL accounting on a case worked by
+hand, and the property the budget rule was chosen for (docs/benchmarks.md, eleventh session)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks"))
+
+from sim_prefill_budget import PROFILES, RULES, Profile, replay  # noqa: E402
+
+IN_USE, ONE_X, FORMER = RULES  # the rule in use first, then the two it was chosen against
+
+
+def test_one_request_by_hand() -> None:
+    """A 2,048-token prompt in two 1,024-token chunks (the second yields the first token), then two
+    decodes; 1 ms a step whatever it holds: 4 steps, gaps of 1 ms between the 3 tokens."""
+    figures = replay(Profile(1, 1, 2048, 3, 1.0, 0.0, 0.0), RULES[IN_USE])
+    assert figures["duration s"] == pytest.approx(0.004)
+    assert figures["ITL median ms"] == pytest.approx(1.0)
+    assert figures["ITL P99 ms"] == pytest.approx(1.0)
+
+
+def test_prompt_tokens_and_decodes_are_priced() -> None:
+    """Two requests at once, 1,024-token prompts, 2 tokens each, 1 ms + 1 us a prompt token + 10 us a
+    decode: one 2,048-token step (3.048 ms) gives both first tokens, one decode step of two (1.02 ms)
+    the second ones."""
+    figures = replay(Profile(2, 2, 1024, 2, 1.0, 1.0, 10.0), RULES[IN_USE])
+    assert figures["duration s"] == pytest.approx((3.048 + 1.02) / 1e3)
+    assert figures["ITL median ms"] == pytest.approx(1.02)
+
+
+def test_rule_in_use_keeps_long_context_gain_and_bounds_waves_of_prompts() -> None:
+    """Against the former rule, Long Context ends sooner; against the ramp from 1x the decodes,
+    8K prompts arriving in waves of 64 keep their ITL P99 at or below the former rule's."""
+    long_context = PROFILES["35B Long Context 32000/100 x100"]
+    waves = PROFILES["122B 8K/256 c=64"]
+    assert replay(long_context, RULES[IN_USE])["duration s"] < 0.98 * replay(long_context, RULES[FORMER])["duration s"]
+    p99 = {name: replay(waves, RULES[name])["ITL P99 ms"] for name in (IN_USE, ONE_X, FORMER)}
+    assert p99[IN_USE] <= p99[FORMER] < p99[ONE_X]
