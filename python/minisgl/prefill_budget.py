@@ -17,8 +17,9 @@ those decoding. It is the largest of:
   chosen with benchmarks/sim_prefill_budget.py, whose step-cost model reproduces the served Long
   Context rows within 1% (docs/benchmarks.md): from 1x the decodes, 8K prompts arriving in waves
   of 64 took 16K-token steps beside the first decodes and doubled their ITL P99; from 1.5x, ITL
-  P99 is below the former rule's and Long Context keeps most of the gain. With fewer prompts (a
-  steady stream of arrivals) nothing changes: one chunk, so inter-token latency stays bounded.
+  P99 is below the former rule's and Long Context keeps most of the gain. With at most 1.5x as
+  many prompts as decodes (a steady stream of arrivals), one chunk: inter-token latency stays
+  bounded.
 At most --max-prefill-tokens.
 """
 from __future__ import annotations
