@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import traceback
 from collections.abc import Callable
 
@@ -64,13 +65,14 @@ TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
 # name -> (rows per block, or None for the regime's; gate_up override; down override): the fused MoE's
 # candidates at prefill sizes. "decode kernels" are the tokens-narrow kernels (the table before the
 # large-M regime: 64/128 columns, 8 warps at 128 rows), then with wider tiles; "large" the large-M
-# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue / down's columns).
+# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue / down's columns;
+# tma: FP8 operands through TMA, else pointer loads).
 def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def _large(bn: int, warps: int, stages: int, group_m: int = 8) -> dict[str, object]:
-    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m)
+def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False) -> dict[str, object]:
+    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma)
 
 
 MOE_CANDIDATES = {
@@ -91,6 +93,16 @@ MOE_CANDIDATES = {
     "large 128: 128q/128 w8 s3": (128, _large(128, 8, 3), _large(128, 8, 3)),
     "large 128: 128q/256 w8 s3": (128, _large(128, 8, 3), _large(256, 8, 3)),
     "large 128: 128q/128 w8 s3 group 1": (128, _large(128, 8, 3, 1), _large(128, 8, 3, 1)),
+    "large 64: 64/128 w4 s3 tma": (64, _large(64, 4, 3, tma=True), _large(128, 4, 3, tma=True)),
+    "large 64: 64/128 w4 s4 tma": (64, _large(64, 4, 4, tma=True), _large(128, 4, 4, tma=True)),
+    "large 64: 64/128 w4 s5 tma": (64, _large(64, 4, 5, tma=True), _large(128, 4, 5, tma=True)),
+    "large 64: 64/128 w4 s3 group 16 tma": (64, _large(64, 4, 3, 16, tma=True), _large(128, 4, 3, 16, tma=True)),
+    "large 64: 64/128 w4 s3 group 4 tma": (64, _large(64, 4, 3, 4, tma=True), _large(128, 4, 3, 4, tma=True)),
+    "large 64: 128q/128 w4 s3 tma": (64, _large(128, 4, 3, tma=True), _large(128, 4, 3, tma=True)),
+    "large 64: 128q/128 w8 s3 tma": (64, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
+    "large 128: 64/128 w8 s3 tma": (128, _large(64, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
+    "large 128: 128q/128 w8 s3 tma": (128, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
+    "large 128: 128q/128 w8 s4 tma": (128, _large(128, 8, 4, tma=True), _large(128, 8, 4, tma=True)),
 }
 
 
@@ -199,7 +211,8 @@ def moe_routing(t: int, skewed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.rand(t, TOP_K, device=DEV).softmax(-1).to(torch.bfloat16)
 
 
-def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], save: Callable[[], None]) -> None:
+def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], save: Callable[[], None],
+             match: str = "") -> None:
     """Every MoE candidate at every token count, uniform and skewed routing: gate_up (+ SwiGLU, incl.
     quantising x) and down (x routing weight, incl. quantising h unless gate_up did) against the
     ceiling, on the useful (unpadded) FLOPs; the align; each candidate's output against the first's."""
@@ -214,6 +227,8 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
             groupings = {}
             first_out = None
             for name, (bm, gu_cfg, dn_cfg) in MOE_CANDIDATES.items():
+                if not re.search(match, name):
+                    continue
                 bm = bm or moe_regime(pairs, E).block_m
                 if bm not in groupings:
                     groupings[bm] = align_experts(ids, E, bm)
@@ -275,6 +290,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="512,4096,16384")
     ap.add_argument("--moe-tokens", default="1024,4096,16384")
+    ap.add_argument("--moe-match", default="", help="a regular expression: only the MoE candidates it finds in their names")
     ap.add_argument("--model", default=MODEL, help="a known config (models/known_configs.py) for the engine steps")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the config's (default: all)")
     ap.add_argument("--steps", default="16x1024,2x8192",
@@ -313,7 +329,7 @@ def main() -> None:
     if not args.skip_kernels or args.moe_only:
         try:
             out["moe"] = []
-            moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling, out["moe"], save)
+            moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling, out["moe"], save, args.moe_match)
         except Exception:  # noqa: BLE001 - keep the model step's figures even if the MoE bench breaks
             traceback.print_exc()
         save()

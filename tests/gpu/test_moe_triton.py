@@ -140,12 +140,16 @@ PATHS = [
     (64, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=128, num_warps=4)),
     (64, dict(large_m=True, block_n=128, num_warps=4), dict(large_m=True, block_n=256, num_warps=8)),
     (128, dict(large_m=True, block_n=128, num_warps=8), dict(large_m=True, block_n=128, num_warps=8)),
+    # operands through TMA: REGIMES' tiles, and ones with h quantised in gate_up's epilogue
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
+    (128, dict(large_m=True, block_n=128, num_warps=8, tma=True), dict(large_m=True, block_n=128, num_warps=8, tma=True)),
+    (64, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=64, num_warps=4, tma=True)),
 ]
 
 
 @pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
 @pytest.mark.parametrize("block_m,gate_up_tile,down_tile", PATHS)
-@pytest.mark.parametrize("t,e,k,h,i", [(2048, 256, 8, 3072, 1024), (900, 6, 3, 320, 384)])
+@pytest.mark.parametrize("t,e,k,h,i", [(2048, 256, 8, 3072, 1024), (900, 6, 3, 320, 384), (700, 5, 2, 384, 320)])
 def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m: int, gate_up_tile: dict,
                                  down_tile: dict, fp8: bool) -> None:
     torch.manual_seed(t + e + k + h + i + fp8)  # the same data for every path

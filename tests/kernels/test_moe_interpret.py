@@ -36,12 +36,16 @@ PLAIN = torch.bfloat16 if GPU else torch.float32  # the interpreter's bf16 produ
 TOL = 1e-2
 T, E, K_TOP, H, I = 40, 6, 3, 320, 192  # K = 320 and I = 192 leave partial 128-steps and tiles
 # (rows per block, gate_up override, down override): decode's kernels, then prefill's large-M ones
-# with h in the activations' dtype (block_n 64), quantised in gate_up's epilogue (128), down 256 wide.
+# with h in the activations' dtype (block_n 64), quantised in gate_up's epilogue (128), down 256 wide,
+# then with FP8 operands through TMA (in the non-FP8 case tma is unused: the pointer loops run).
 PATHS = [
     (16, {}, {}),
     (16, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=64, num_warps=4)),
     (32, dict(large_m=True, block_n=128, num_warps=4), dict(large_m=True, block_n=128, num_warps=4)),
     (64, dict(large_m=True, block_n=128, num_warps=8, group_m=2), dict(large_m=True, block_n=256, num_warps=8)),
+    (16, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True),
+     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
 ]
 
 

@@ -22,6 +22,7 @@ class MoeTile:
     # programs visited in groups of group_m row blocks. Otherwise the decode kernels (acc [BLOCK_N, BLOCK_M]).
     large_m: bool = False
     group_m: int = 8
+    tma: bool = False  # large-M, FP8, block_n dividing 128: operands through TMA (kernels/moe_gemm_large.py)
 
 
 @triton.jit

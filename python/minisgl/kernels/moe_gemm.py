@@ -110,12 +110,13 @@ class MoeRegime:
 
 _DECODE = MoeTile(64, 4, 4)
 NARROW_BLOCK_N = 32  # decode's tiles where block_n 64 would leave SMs idle (see _tile)
-# Prefill: the large-M kernels at 64-row blocks, gate_up 64 / down 128 columns, 4 warps: the fastest
-# candidate of bench_prefill.py --moe-only at 4K and 16K tokens on the 122B shapes, 1.22-1.29x the
-# tokens-narrow kernels at 128-row blocks (docs/benchmarks.md, "Calls 3 and 4"). From 128 rows
-# per expert on; 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64
+# Prefill: the large-M kernels at 64-row blocks, gate_up 64 / down 128 columns, 4 warps, weights (and
+# down's h) through TMA: the fastest candidate of bench_prefill.py --moe-only at 4K and 16K tokens
+# on the 122B shapes, 1.12-1.16x the same tiles on pointers, which were 1.22-1.29x the tokens-narrow
+# kernels at 128-row blocks (docs/benchmarks.md, twelfth session and "Calls 3 and 4"). From 128
+# rows per expert on; 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64
 # leaves SMs idle): the tokens on the MMA's narrow side.
-_PREFILL = MoeRegime(64, MoeTile(64, 4, 3, large_m=True), MoeTile(128, 4, 3, large_m=True))
+_PREFILL = MoeRegime(64, MoeTile(64, 4, 3, large_m=True, tma=True), MoeTile(128, 4, 3, large_m=True, tma=True))
 REGIMES = {
     16: MoeRegime(16, _DECODE, _DECODE),
     32: MoeRegime(32, _DECODE, _DECODE),

@@ -12,6 +12,14 @@ gate_up with BLOCK_N = 128 and FP8 weights quantises h in its epilogue (each pro
 128-groups of its rows): down then reads FP8 codes and scales, and the separate quantiser pass over
 h (read bf16, write FP8) is gone. The rule is kernels/fp8_quant.py's on the bf16-rounded h, so the
 codes are those the separate pass would write.
+
+FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands through the
+tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
+down's rows of h (contiguous in grouped order) from one over h. A weight tile that runs past its
+expert's last row reads the next expert's rows into columns the store masks; gate_up zeroes them
+before its epilogue quantises h. Accumulating in units of each K step's scale, so that the MMA adds
+into the accumulator in place (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile
+as large as it, was measured too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
 """
 from __future__ import annotations
 
@@ -20,11 +28,68 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8_format import FP8_MAX
+from minisgl.kernels.fp8_gemm import load_k_tile
 from minisgl.kernels.fp8_quant import GROUP, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
+
+
+@triton.jit
+def _scaled_step(acc, x, w, x_scale, w_scale):
+    """acc plus one K step's FP8 product of token rows x and weight rows w, whose rows share the
+    weight block scale w_scale."""
+    return acc + tl.dot(x, tl.trans(w)) * (x_scale * w_scale)[:, None]
+
+
+@triton.jit
+def _weight_tile(w_desc, w_ptrs, row, kb, n_ok, K, TMA: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """K step kb of the weight rows from `row` on: from the descriptor, or from pointers at step 0."""
+    if TMA:
+        return w_desc.load([row, kb * BLOCK_K])
+    return load_k_tile(w_ptrs + kb * BLOCK_K, n_ok, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def _gate_up_fp8_sums(x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs, g_row,
+                      gs_first, inter, stride_wn, up_scale_offset, real, n_ok, K,
+                      TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """gate and up sums over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
+    token = (pair // top_k).to(tl.int64)
+    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    xs_ptrs = xs_ptr + token * stride_xsm
+    u_ptrs = g_ptrs + inter * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
+        xs = tl.load(xs_ptrs + kb * stride_xsk, mask=real, other=1.0)
+        g = _weight_tile(w_desc, g_ptrs, g_row, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
+        u = _weight_tile(w_desc, u_ptrs, g_row + inter, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
+        acc_g = _scaled_step(acc_g, x, g, xs, tl.load(gs_first + kb))
+        acc_u = _scaled_step(acc_u, x, u, xs, tl.load(gs_first + up_scale_offset + kb))
+    return acc_g, acc_u
+
+
+@triton.jit
+def _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, h_row, stride_hm, stride_hsm, stride_hsk, w_desc, w_ptrs, w_row,
+                   ws_first, real, n_ok, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """down's sum over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
+    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
+    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        if TMA:
+            h = h_desc.load([h_row, kb * BLOCK_K])
+        else:
+            h = load_k_tile(h_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
+        w = _weight_tile(w_desc, w_ptrs, w_row, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
+        hs = tl.load(hs_ptrs + kb * stride_hsk, mask=real, other=1.0)
+        acc = _scaled_step(acc, h, w, hs, tl.load(ws_first + kb))
+    return acc
 
 
 @triton.jit
@@ -41,38 +106,47 @@ def _grouped_program(num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
 def _program_tiles(rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, N,
                    stride_we, stride_wn, stride_se, stride_sn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's weight tile index, its block of grouped rows (moe_blocks.block_rows) and its
-    expert's weight tile (moe_blocks.expert_tiles), in grouped order."""
+    """This program's row block and weight tile indices, its block of grouped rows
+    (moe_blocks.block_rows) and its expert's weight tile (moe_blocks.expert_tiles), in grouped order."""
     pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
     expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
     w_ptrs, s_ptrs, s_first, rn, n_ok = expert_tiles(
         w_ptr, s_ptr, expert, pid_n, stride_we, stride_wn, stride_se, stride_sn, N, BLOCK_N, BLOCK_K
     )
-    return pid_n, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok
+    return pid_b, pid_n, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok
 
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
 def _moe_gate_up_large_kernel(
-    x_ptr, xs_ptr, w_ptr, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
-    num_blocks, top_k, inter, K,
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    num_blocks, top_k, inter, K, rows_per_expert,
     stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     stride_hsm, stride_hsk,
-    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr,
+    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
+    _, pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
         rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, inter,
         stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
     if expert < 0:
         return
-    acc_g, acc_u = gate_up_sums(
-        tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
-        x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, g_ptrs, gs_ptrs, gs_first, inter,
-        stride_wn, stride_sn, real, n_ok, K, UP_SCALE_ROW, FP8, True, BLOCK_N, BLOCK_K, EVEN_K,
-    )
+    if FP8 and BLOCK_K % BLOCK_N == 0:
+        acc_g, acc_u = _gate_up_fp8_sums(
+            x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
+            expert * rows_per_expert + pid_n * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
+            real, n_ok, K, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+        )
+    else:
+        acc_g, acc_u = gate_up_sums(
+            tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32),
+            x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, g_ptrs, gs_ptrs, gs_first, inter,
+            stride_wn, stride_sn, real, n_ok, K, UP_SCALE_ROW, FP8, True, BLOCK_N, BLOCK_K, EVEN_K,
+        )
     h = acc_g * tl.sigmoid(acc_g) * acc_u
+    if TMA:  # columns past I came from other rows (up's, or the next expert's)
+        h = tl.where(n_ok[None, :], h, 0.0)
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + rn[None, :]
     ok = real[:, None] & n_ok[None, :]
     if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
@@ -86,24 +160,47 @@ def _moe_gate_up_large_kernel(
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_hsk"])
 def _moe_down_large_kernel(
-    h_ptr, hs_ptr, w_ptr, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    h_ptr, h_desc, hs_ptr, w_ptr, w_desc, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     num_blocks, N, K,
     stride_hm, stride_hsm, stride_hsk, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    _, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok = _program_tiles(
+    pid_b, pid_n, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok = _program_tiles(
         rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, N,
         stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
     if expert < 0:
         return
-    acc = down_sums(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), h_ptr, hs_ptr, pos, stride_hm, stride_hsm, stride_hsk,
-                    w_ptrs, s_ptrs, s_first, real, n_ok, K, FP8, True, BLOCK_N, BLOCK_K, EVEN_K)
+    if FP8 and BLOCK_K % BLOCK_N == 0:
+        acc = _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, pid_b * BLOCK_M, stride_hm, stride_hsm, stride_hsk, w_desc,
+                             w_ptrs, expert * N + pid_n * BLOCK_N, s_first, real, n_ok, K, TMA,
+                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    else:
+        acc = down_sums(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), h_ptr, hs_ptr, pos, stride_hm, stride_hsm,
+                        stride_hsk, w_ptrs, s_ptrs, s_first, real, n_ok, K, FP8, True, BLOCK_N, BLOCK_K, EVEN_K)
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + pair[:, None].to(tl.int64) * stride_ym + rn[None, :]
     tl.store(y_ptrs, (acc * p[:, None]).to(y_ptr.dtype.element_ty), mask=real[:, None] & n_ok[None, :])
+
+
+def _descriptor(t: torch.Tensor, rows: int, use: bool) -> object:
+    """A TMA descriptor over t's [rows, K] view in [rows, GROUP] boxes, or t itself when unused."""
+    if not use:
+        return t
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), [rows, GROUP])
+
+
+def _tma(tile: MoeTile, fp8: bool, *operands: torch.Tensor) -> bool:
+    """tile.tma where TMA can read the operands: contiguous (so the descriptor's 2-D view is not a
+    copy), 16-byte aligned bases and rows, K at least one box."""
+    return tile.tma and fp8 and GROUP % tile.block_n == 0 and all(
+        t.is_contiguous() and t.shape[-1] >= GROUP and t.data_ptr() % 16 == 0 and t.stride(-2) % 16 == 0
+        for t in operands
+    )
 
 
 def fuses_quantisation(tile: MoeTile, fp8: bool, dtype: torch.dtype) -> bool:
@@ -127,13 +224,15 @@ def gate_up_large(
     fp8 = s is not None
     scale = s if fp8 else w  # unused pointers when bf16
     h_scale = hs if hs is not None else h
+    tma = _tma(tile, fp8, w)
     _moe_gate_up_large_kernel[_programs(g, inter, tile)](
-        xq, xs, w, scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
-        g.max_blocks, g.top_k, inter, k,
+        xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
+        g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None,
+        TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
@@ -147,11 +246,12 @@ def down_large(
     _, n, k = w.shape
     fp8 = s is not None
     scale = s if fp8 else w
+    tma = _tma(tile, fp8, w, hq)
     _moe_down_large_kernel[_programs(g, n, tile)](
-        hq, hs, w, scale, y, weights, g.rows, g.block_expert, g.block_rows,
-        g.max_blocks, n, k,
+        hq, _descriptor(hq, g.block_m, tma), hs, w, _descriptor(w, tile.block_n, tma), scale, y, weights,
+        g.rows, g.block_expert, g.block_rows, g.max_blocks, n, k,
         hq.stride(0), hs.stride(0), hs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
-        FP8=fp8, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
+        FP8=fp8, TMA=tma, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
         GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
