@@ -24,8 +24,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def make_runner(engine: Engine, capture: bool) -> PiecewiseGraphRunner:
     cfg = engine.pool_cfg
-    scratch = HybridPool.scratch(engine.layout, cfg.max_seq_len, cfg.page_size, engine.dtype, cfg.ssm_dtype,
-                                 engine.device)
+    scratch = HybridPool.scratch(engine.layout, cfg.max_seq_len, cfg, engine.dtype, engine.device)
 
     def make(tokens: int) -> ForwardBatch:
         return shape_batch(largest_prefill(tokens, tokens, cfg.max_seq_len),

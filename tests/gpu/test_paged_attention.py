@@ -8,10 +8,11 @@ from kernel_checks import DEVICE, TOL, assert_close, poisoned
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
-from minisgl.attention.paged_kv import PagedKV
+from minisgl.attention.paged_kv import PagedKV, cache_values
 from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import TorchAttentionBackend
 from minisgl.forward_batch import ForwardBatch
+from minisgl.kernels.fp8_format import FP8_DTYPE
 from minisgl.kernels.paged_attention import paged_decode, paged_extend
 
 pytestmark = pytest.mark.gpu
@@ -129,3 +130,25 @@ def test_triton_backend(decode: bool) -> None:
     out = backend.forward(q, k, v, PagedKV(k0, v0, pool.page_table, page_size), batch, dim**-0.5)
     assert torch.equal(k0, pool.k_cache) and torch.equal(v0, pool.v_cache), "cache writes differ from the reference"
     assert_close(out, ref, TOL[torch.bfloat16], "backend output")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("decode", [True, False])
+def test_fp8_cache(decode: bool, dtype: torch.dtype) -> None:
+    """--kv-cache-dtype fp8_e4m3: the kernels read e4m3 codes (a scale of 1) into q's dtype. The
+    reference reads the same codes, so the kernels' error is their own arithmetic's: the
+    tolerance of q's dtype, as for a cache in q's dtype. The new K/V include values past 448,
+    which the cache holds saturated."""
+    heads, kv_heads, dim, page_size = CONFIGS[3]
+    prefix = [5, 100, 0, 700]
+    extend = [1] * 4 if decode else [3, 40, 9, 1]
+    pool = paged_pool(kv_heads, dim, page_size, 1024, dtype)
+    fp8 = PagedKV(cache_values(pool.k_cache * 8, FP8_DTYPE), cache_values(pool.v_cache * 8, FP8_DTYPE),
+                  pool.page_table, page_size)
+    batch, (q, k, v), _ = run_reference(pool, prefix, extend, heads, dtype)
+    k[0, 0, :4] = torch.tensor([1e4, -1e4, 500.0, -449.0])  # saturate to +-448
+    ref = TorchAttentionBackend().forward(q, k, v, fp8, batch, dim**-0.5)
+    assert fp8.k_cache.dtype == FP8_DTYPE and not fp8.k_cache.float().isnan().any()
+    assert fp8.k_cache[batch.cache_loc[0], 0, :4].float().tolist() == [448.0, -448.0, 448.0, -448.0]
+    out = ATTENTION_BACKENDS.get("triton")().forward(q, k, v, fp8, batch, dim**-0.5)
+    assert_close(out, ref, TOL[dtype], "output over an FP8 cache")

@@ -6,6 +6,7 @@ identical wherever the reference's top-1/top-2 logit gap exceeds the dtype's bou
 - BF16: our Triton backends with CUDA graphs, on the BF16 checkpoint.
 - FP8: the FP8 checkpoint held in FP8 (block-128 Triton GEMMs with FP8 activations, fused FP8 MoE,
   CUDA graphs), against the reference on its dequantised weights.
+- FP8 K/V cache: the BF16 run with --kv-cache-dtype fp8_e4m3.
 
 A random model's logits are near-tied too often for these bars (test_fp8_model.py's history:
 0.904 teacher-forced top-1 on the random FP8 model); the trained one's are not.
@@ -52,3 +53,10 @@ def test_fp8_follows_the_reference_on_dequantised_weights() -> None:
     model = gpu.engine.model
     assert isinstance(model.layers[0].linear_attn.in_proj_qkv, Fp8Linear)
     assert model.layers[0].mlp.experts.gate_up_proj.dtype == FP8_DTYPE
+
+
+def test_fp8_kv_cache_follows_the_reference() -> None:
+    """--kv-cache-dtype fp8_e4m3 on the BF16 run: the two roundings' gap bounds add."""
+    gpu = _check(trained_model_path(fp8=False), GAP_BOUND["bfloat16"] + GAP_BOUND["fp8_kv"], dtype="bfloat16",
+                 kv_cache_dtype="fp8_e4m3", **KERNELS)
+    assert gpu.engine.pool.kv.k.dtype == FP8_DTYPE

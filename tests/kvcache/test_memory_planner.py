@@ -3,6 +3,7 @@ the flag checks that run before any weight loads."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 import torch
@@ -86,14 +87,30 @@ def test_without_a_context_the_model_limit_is_lowered_to_what_the_pages_hold() -
     assert roomy.max_seq_len == 4096
 
 
-@pytest.mark.parametrize("ssm", ["float32", "bfloat16"])
-def test_layout_costs_match_what_the_pool_allocates(ssm: str) -> None:
+@pytest.mark.parametrize("ssm, kv", [("float32", None), ("bfloat16", None), ("float32", "float8_e4m3fn")])
+def test_layout_costs_match_what_the_pool_allocates(ssm: str, kv: str | None) -> None:
     layout = PoolLayout(full_layers=(3, 7), num_kv_heads=2, head_dim=64, linear_layers=(0, 1, 2, 4, 5, 6),
                         conv_dim=384, conv_kernel=4, num_value_heads=4, key_head_dim=32, value_head_dim=32)
-    pool = HybridPool(layout, PoolConfig(5, 256, 16, num_pages=40, ssm_dtype=ssm), torch.bfloat16, "cpu")
-    per_slot = layout.state_bytes_per_slot(torch.bfloat16, getattr(torch, ssm))
-    assert pool.state.nbytes == 6 * per_slot  # 5 slots + the dummy
-    assert pool.kv.nbytes == 41 * layout.kv_bytes_per_page(16, torch.bfloat16)  # 40 pages + the dummy
+    flags = PoolConfig(5, 256, 16, num_pages=40, ssm_dtype=ssm, kv_dtype=kv)
+    pool = HybridPool(layout, flags, torch.bfloat16, "cpu")
+    costs = PoolCosts.of(layout, flags, torch.bfloat16, row_bytes=0)
+    assert pool.state.nbytes == 6 * costs.slot_bytes  # 5 slots + the dummy
+    assert pool.kv.nbytes == 41 * costs.page_bytes  # 40 pages + the dummy
+    assert pool.kv.k.dtype == (torch.float8_e4m3fn if kv else torch.bfloat16)
+    # by hand: K and V, 2 layers, 16 tokens, 2 heads of 64, in 1 byte (FP8) or 2
+    assert costs.page_bytes == 2 * 2 * 16 * 2 * 64 * (1 if kv else 2)
+    assert HybridPool.scratch(layout, 1024, flags, torch.bfloat16, "cpu").kv.k.dtype == pool.kv.k.dtype
+
+
+def test_kv_cache_dtype_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = engine_args_from(parser.parse_args(["--kv-cache-dtype", "fp8_e4m3"]))
+    assert args.kv_cache_dtype == "fp8_e4m3"
+    assert resolve_plan(replace(args, device="cpu")).pool.kv_dtype == "float8_e4m3fn"
+    assert resolve_plan(EngineArgs(device="cpu")).pool.kv_dtype is None  # auto: the activations' dtype
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8_e4m3"):
+        EngineArgs(kv_cache_dtype="fp8_e5m2")
 
 
 def test_gpu_memory_utilization_is_an_alias() -> None:

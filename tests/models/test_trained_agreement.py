@@ -5,7 +5,9 @@ CPU, against the fp32 reference:
 - "fp8": its FP8 checkpoint in bf16 with activations rounded as the FP8 kernels round them (the
   GPU's FP8 run);
 - "fp8_dispatch": the model in fp32 with the experts' input rounded as AFD's FP8 dispatch rounds it
-  (tests/afd/test_afd_fp8_dispatch.py).
+  (tests/afd/test_afd_fp8_dispatch.py);
+- "fp8_kv": the model in fp32 with an FP8 K/V cache (--kv-cache-dtype fp8_e4m3; the GPU's run adds
+  bf16, tests/gpu/test_trained_model.py).
 
 Each must reach teacher-forced top-1 >= 0.99, part from the reference's greedy tokens only at gaps
 within its bound, and change no top-1/top-2 gap by more than half its bound: the other half is the
@@ -49,21 +51,22 @@ def _round_fp8_activations(engine: Engine) -> None:
     emulate_fp8_activations(engine.model, engine.config.quant)
 
 
-# bound name: (checkpoint, candidate dtype, what the candidate rounds)
-SETUPS: dict[str, tuple[str, str, Callable[[Engine], None]]] = {
-    "bfloat16": ("trained", "bfloat16", lambda engine: None),
-    "fp8": ("trained_fp8", "bfloat16", _round_fp8_activations),
-    "fp8_dispatch": ("trained", "float32", _round_dispatch),
+# bound name: (checkpoint, the candidate's flags, what the candidate rounds besides)
+SETUPS: dict[str, tuple[str, dict[str, str], Callable[[Engine], None]]] = {
+    "bfloat16": ("trained", dict(dtype="bfloat16"), lambda engine: None),
+    "fp8": ("trained_fp8", dict(dtype="bfloat16"), _round_fp8_activations),
+    "fp8_dispatch": ("trained", dict(dtype="float32"), _round_dispatch),
+    "fp8_kv": ("trained", dict(dtype="float32", kv_cache_dtype="fp8_e4m3"), lambda engine: None),
 }
 
 
 @pytest.mark.parametrize("bound_name", sorted(SETUPS))
 def test_rounding_alone_meets_the_bars(tiny_checkpoints: dict[str, str], bound_name: str) -> None:
-    ckpt, dtype, rounding = SETUPS[bound_name]
+    ckpt, flags, rounding = SETUPS[bound_name]
     path = tiny_checkpoints[ckpt]
     prompts = heldout_prompts(path)
     ref = reference(LLM(path, dtype="float32", **CPU), prompts)
-    candidate = LLM(path, dtype=dtype, **CPU)
+    candidate = LLM(path, **flags, **CPU)
     rounding(candidate.engine)
     bound = GAP_BOUND[bound_name]
     logits = [prefill_logits(candidate.engine, p, t) for p, t in zip(prompts, ref.tokens)]

@@ -37,7 +37,7 @@ def plan_after_probe(spec: WorkerSpec, runner: object, replies: list[WarmupReply
         # logits buffer a fp32 row per request (as engine/device_memory.py prices a colocated graph).
         row = peaks.row_bytes * 2 + plan.config.vocab_size * 4 if runner.captures else peaks.row_bytes
         flags = plan.pool
-        costs = PoolCosts.of(runner.engine.layout, flags.page_size, plan.dtype, getattr(torch, flags.ssm_dtype), row)
+        costs = PoolCosts.of(runner.engine.layout, flags, plan.dtype, row)
         runner.engine.drop_pool()  # the scratch pool: what is free is measured without it
     else:
         # No pool, but its largest step's activations stay reserved, and its decode graphs' pool beside.

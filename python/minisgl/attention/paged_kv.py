@@ -5,6 +5,16 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX
+
+
+def cache_values(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as the cache stores it: cast, and for FP8 (a scale of 1) saturated at +-448 first, since
+    torch's cast turns what lies beyond into NaN."""
+    if dtype == FP8_DTYPE:
+        x = x.clamp(-FP8_MAX, FP8_MAX)
+    return x.to(dtype)
+
 
 @dataclass(frozen=True)
 class PagedKV:
@@ -18,8 +28,8 @@ class PagedKV:
 
     def store(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' k, v [T, Hkv, D] at flat indices loc [T]."""
-        self.k_cache[loc] = k.to(self.k_cache.dtype)
-        self.v_cache[loc] = v.to(self.v_cache.dtype)
+        self.k_cache[loc] = cache_values(k, self.k_cache.dtype)
+        self.v_cache[loc] = cache_values(v, self.v_cache.dtype)
 
     def locations(self, row: int | torch.Tensor, length: int) -> torch.Tensor:
         """Flat indices of positions [0, length) of the request on table row `row`."""

@@ -14,6 +14,10 @@ LOAD_FORMATS = ("auto", "dummy")
 DTYPES = ("float32", "bfloat16", "float16")
 # What vLLM also accepts (half, float) and the short names people type (bf16, fp16, fp32).
 SSM_DTYPES = ("float32", "bfloat16")
+# --kv-cache-dtype as SGLang spells it -> torch's name (auto: the activations' dtype). FP8 stores
+# e4m3 codes with a scale of 1, as SGLang and vLLM do for checkpoints without K/V scales.
+KV_CACHE_DTYPES = {"auto": None, "fp8_e4m3": "float8_e4m3fn", "bfloat16": "bfloat16", "bf16": "bfloat16",
+                   "float16": "float16", "fp16": "float16"}
 DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
 CPU_MAX_RUNNING_REQUESTS = 16  # the CPU's default: no memory to measure, so a fixed, small pool
 # The planner measures the activation peak, so what is left is headroom for allocator slack only.
@@ -53,6 +57,9 @@ class EngineArgs:
                            ("auto", *MOE_BACKENDS.names()))
     mamba_ssm_dtype: str | None = arg(None, "dtype of the GDN recurrent state (default: the config's, fp32)",
                                       (*SSM_DTYPES, *(a for a, t in DTYPE_ALIASES.items() if t in SSM_DTYPES)))
+    kv_cache_dtype: str = arg(
+        "auto", "dtype of the full-attention layers' K/V cache: auto (the activations'), or fp8_e4m3 for half the "
+                "bytes of bf16 a token (codes with a scale of 1; values beyond +-448 saturate)", tuple(KV_CACHE_DTYPES))
     seed: int = arg(0, "seed of sampling (requests without their own seed) and of dummy weights")
     disable_cuda_graph: bool = arg(False, "run decode eagerly instead of replaying captured CUDA graphs")
     cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
@@ -98,5 +105,7 @@ class EngineArgs:
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, {', '.join(DTYPES)} or an alias ({', '.join(DTYPE_ALIASES)}), "
                              f"got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.mamba_ssm_dtype not in (None, *SSM_DTYPES):
             raise ValueError(f"mamba_ssm_dtype must be float32 or bfloat16, got {self.mamba_ssm_dtype!r}")

@@ -132,7 +132,8 @@ class DevicePreparation:
         """The planner's log line."""
         p, g = self.plan, GIB
         return (
-            f"memory: weights {self.weights_bytes / g:.1f} GiB, KV {p.kv_bytes / g:.2f} GiB ({p.num_pages} pages), "
+            f"memory: weights {self.weights_bytes / g:.1f} GiB, KV {p.kv_bytes / g:.2f} GiB ({p.num_pages} pages"
+            f"{f' of {self.pool_config.kv_dtype}' if self.pool_config.kv_dtype else ''}), "
             f"state {p.state_bytes / g:.2f} GiB ({p.max_running_requests} slots), activation reserve "
             f"{(self.budget.step_reserve + p.row_reserve_bytes) / g:.2f} GiB (largest step "
             f"{self.budget.step_reserve / g:.2f} GiB + {self.costs.row_bytes / 2**20:.1f} MiB per running request), "
@@ -154,7 +155,7 @@ def prepare_on_device(
     torch.cuda.synchronize()
     weights = torch.cuda.memory_allocated()
     table_len = flags.max_seq_len
-    scratch = HybridPool.scratch(layout, table_len, flags.page_size, plan.dtype, flags.ssm_dtype, device)
+    scratch = HybridPool.scratch(layout, table_len, flags, plan.dtype, device)
 
     def make_batch(tokens: list[list[int]], prefix: list[int], slots: list[int]) -> ForwardBatch:
         return ForwardBatch.build(tokens, prefix, slots, scratch.page_table, flags.page_size, device)
@@ -183,7 +184,7 @@ def prepare_on_device(
     neg_free, step_peak, row_bytes = max_over_ranks([-free, step_peak, row_bytes], parallel, device)
     free = -neg_free
     budget = MemoryBudget(free, step_peak, args.mem_fraction_static or DEFAULT_MEM_FRACTION)
-    costs = PoolCosts.of(layout, flags.page_size, plan.dtype, getattr(torch, flags.ssm_dtype), row_bytes)
+    costs = PoolCosts.of(layout, flags, plan.dtype, row_bytes)
     pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
                           args.max_running_requests, args.mamba_full_memory_ratio)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,

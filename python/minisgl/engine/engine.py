@@ -135,8 +135,7 @@ class Engine:
             self.max_seq_len = self.pool_cfg.max_seq_len
             if pool_later:
                 flags = plan.pool
-                self.pool = HybridPool.scratch(self.layout, flags.max_seq_len, flags.page_size, plan.dtype,
-                                               flags.ssm_dtype, plan.device)
+                self.pool = HybridPool.scratch(self.layout, flags.max_seq_len, flags, plan.dtype, plan.device)
             else:
                 self.pool = (JournaledPool if journaled else HybridPool)(self.layout, self.pool_cfg, plan.dtype,
                                                                          plan.device)
@@ -211,8 +210,7 @@ class Engine:
                 logger.info("piecewise CUDA graphs off: %s", off)
             return None
         flags, chunk = self.plan.pool, self.plan.args.chunked_prefill_size
-        scratch = HybridPool.scratch(self.layout, flags.max_seq_len, flags.page_size, self.dtype, flags.ssm_dtype,
-                                     self.device)
+        scratch = HybridPool.scratch(self.layout, flags.max_seq_len, flags, self.dtype, self.device)
 
         def make(tokens: int) -> ForwardBatch:
             return shape_batch(largest_prefill(tokens, chunk, flags.max_seq_len),

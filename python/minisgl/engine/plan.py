@@ -16,7 +16,7 @@ import torch
 
 from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.registry import ATTENTION_BACKENDS
-from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, EngineArgs
+from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, KV_CACHE_DTYPES, EngineArgs
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import PoolConfig, PoolLayout
@@ -147,6 +147,7 @@ def _resolve(args: EngineArgs, config: ModelConfig) -> EnginePlan:
         page_size=args.page_size,
         num_pages=args.num_pages,
         ssm_dtype=args.mamba_ssm_dtype or config.mamba_ssm_dtype,
+        kv_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
     )
     return EnginePlan(
         args=replace(args, device=str(device)),

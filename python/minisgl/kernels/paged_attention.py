@@ -6,7 +6,8 @@ K/V must already be in the cache: both kernels read every key, cached or new, fr
 
 A program serves one KV head and all GROUP = Hq / Hkv query heads that share it, so each K/V tile
 is loaded once per program and feeds a [rows, BLOCK_N] tensor-core product. Softmax runs in base 2
-with the scale folded into log2(e).
+with the scale folded into log2(e). A cache in another dtype than q (FP8 codes with a scale of 1,
+--kv-cache-dtype fp8_e4m3) is converted to q's dtype as its tiles load: half the bytes read.
 """
 from __future__ import annotations
 
@@ -110,9 +111,10 @@ def _paged_decode_kernel(
         pos = start + tl.arange(0, BLOCK_N)
         pmask = pos < hi
         k = _kv_tile(k_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_kt, stride_kh, od, dmask)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         s = tl.where(pmask[None, :], s, float("-inf"))
         v = _kv_tile(v_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_vt, stride_vh, od, dmask)
+        v = v.to(q.dtype)
         m, l, acc = _online_softmax(s, v, m, l, acc, PRECISION)
 
     has = l > 0.0
@@ -189,19 +191,20 @@ def _paged_extend_kernel(
     for start in range(0, full_end, BLOCK_N):
         k = _page_tile(k_cache, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_kt, stride_kh, od, dmask,
                        D == BLOCK_D)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
         v = _page_tile(v_cache, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_vt, stride_vh, od, dmask,
-                       D == BLOCK_D)
+                       D == BLOCK_D).to(q.dtype)
         m, l, acc = _unmasked_softmax_step(s, v, m, l, acc, qk_scale, PRECISION)
     end = tl.minimum(prefix + (block + 1) * TOKENS, seq_len)
     for start in range(full_end, end, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         pmask = pos < end
         k = _kv_tile(k_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_kt, stride_kh, od, dmask)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * qk_scale
         # Masked-out rows (past the request's tokens) see no key here; their output is never stored.
         s = tl.where(pmask[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
         v = _kv_tile(v_cache, table_ptr, row, pos, pmask, PAGE_SIZE, kv_head, stride_vt, stride_vh, od, dmask)
+        v = v.to(q.dtype)
         m, l, acc = _online_softmax(s, v, m, l, acc, PRECISION)
     out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
     tl.store(out_ptr + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh + od[None, :],
@@ -318,7 +321,9 @@ def paged_extend(
     `tiling` (block_m, block_n, num_warps, num_stages) overrides extend_tiling's (benchmarks)."""
     group, kv_heads, precision = _check_shapes(q, k_cache, page_table)
     dim = q.shape[2]
-    block_m, block_n, num_warps, num_stages = tiling or extend_tiling(group, dim, k_cache.element_size())
+    # An FP8 cache's tiles become q's dtype in registers: q's width picks the tiling.
+    itemsize = max(q.element_size(), k_cache.element_size())
+    block_m, block_n, num_warps, num_stages = tiling or extend_tiling(group, dim, itemsize)
     if block_m < group:
         raise ValueError(f"paged_extend: block_m {block_m} must hold a whole query group of {group} heads")
     tokens_per_block = block_m // group

@@ -50,6 +50,7 @@ class PoolConfig:
     page_size: int = 64
     num_pages: int | None = None  # usable pages; None = enough for every slot at max_seq_len
     ssm_dtype: str = "float32"
+    kv_dtype: str | None = None  # torch's name; None: the activations' dtype
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
@@ -67,6 +68,10 @@ class PoolConfig:
     @property
     def pages_per_request(self) -> int:
         return _num_pages(self.max_seq_len, self.page_size)
+
+    def kv_torch_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The K/V cache's dtype for activations in `dtype`."""
+        return getattr(torch, self.kv_dtype) if self.kv_dtype else dtype
 
     @property
     def usable_pages(self) -> int:
@@ -88,9 +93,8 @@ class HybridPool:
         total_pages = cfg.usable_pages + 1  # + the dummy page 0
         self.kv: KVPool | None = None
         if layout.full_layers:
-            self.kv = KVPool(
-                layout.full_layers, total_pages, cfg.page_size, layout.num_kv_heads, layout.head_dim, dtype, device
-            )
+            self.kv = KVPool(layout.full_layers, total_pages, cfg.page_size, layout.num_kv_heads, layout.head_dim,
+                             cfg.kv_torch_dtype(dtype), device)
         self.state: StatePool | None = None
         if layout.linear_layers:
             self.state = StatePool(
@@ -112,13 +116,14 @@ class HybridPool:
 
     @classmethod
     def scratch(
-        cls, layout: PoolLayout, table_tokens: int, page_size: int, dtype: torch.dtype, ssm_dtype: str,
-        device: torch.device | str,
+        cls, layout: PoolLayout, table_tokens: int, flags: PoolConfig, dtype: torch.dtype, device: torch.device | str,
     ) -> "HybridPool":
-        """One slot and one page, but a page table as wide as a pool for `table_tokens` tokens: for
-        steps that touch only the dummy slot and row (warm-up and memory probes), so the kernels see
-        the table stride they will see on the real pool."""
-        pool = cls(layout, PoolConfig(1, page_size, page_size, ssm_dtype=ssm_dtype), dtype, device)
+        """One slot and one page of the dtypes `flags` store, but a page table as wide as a pool for
+        `table_tokens` tokens: for steps that touch only the dummy slot and row (warm-up and memory
+        probes), so the kernels see the table stride they will see on the real pool."""
+        page_size = flags.page_size
+        pool = cls(layout, PoolConfig(1, page_size, page_size, ssm_dtype=flags.ssm_dtype, kv_dtype=flags.kv_dtype),
+                   dtype, device)
         pool.page_table = torch.full(
             (2, _num_pages(table_tokens, page_size)), DUMMY_PAGE, dtype=torch.int32, device=device
         )

@@ -72,12 +72,11 @@ class PoolCosts:
             raise ValueError(f"pool costs must be positive, got {self}")
 
     @classmethod
-    def of(cls, layout: PoolLayout, page_size: int, dtype: torch.dtype, ssm_dtype: torch.dtype,
-           row_bytes: int) -> "PoolCosts":
-        """The costs of a pool storing `layout` (conv state and K/V in `dtype`), with the measured
-        activations of one decode row."""
-        return cls(layout.state_bytes_per_slot(dtype, ssm_dtype), row_bytes,
-                   layout.kv_bytes_per_page(page_size, dtype), page_size)
+    def of(cls, layout: PoolLayout, flags: PoolConfig, dtype: torch.dtype, row_bytes: int) -> "PoolCosts":
+        """The costs of a pool storing `layout` with activations in `dtype` (the conv state's dtype)
+        and the flags' SSM and K/V dtypes, with the measured activations of one decode row."""
+        return cls(layout.state_bytes_per_slot(dtype, getattr(torch, flags.ssm_dtype)), row_bytes,
+                   layout.kv_bytes_per_page(flags.page_size, flags.kv_torch_dtype(dtype)), flags.page_size)
 
     def request(self, tokens: int) -> int:
         """One running request of `tokens` tokens: its slot, its activations and its pages."""
