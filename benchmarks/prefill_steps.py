@@ -236,11 +236,13 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
                          "host ms": host, "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
                          "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
             print(rows[-1])
+        # Every step's kernels (long prompts shift time to attention and the delta rule's serial
+        # chunks); the first's also by launching operator.
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+            engine.forward_batch(batch)
+            torch.cuda.synchronize()
+        prof += f"one {step} step\n" + profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25) + "\n"
         if step == steps[0]:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
-                engine.forward_batch(batch)
-                torch.cuda.synchronize()
-            prof = f"one {step} step\n" + profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25)
             prof += f"\none {step} step, by the operator that launched each kernel\n" + op_profile(engine, batch)
         for s in slots:
             engine.pool.free(s)
