@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gpu_timing import copy_tbps, table
+from minisgl.attention.paged_kv import cache_values
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.engine import Engine
 from minisgl.engine.plan import resolve_plan
@@ -139,6 +140,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the config's (default: all)")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--contexts", default="1024,8192")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's flag (fp8_e4m3: half the K/V bytes)")
     cli = ap.parse_args()
     batches = [int(b) for b in cli.batches.split(",")]
     contexts = [int(c) for c in cli.contexts.split(",")]
@@ -153,7 +155,8 @@ def main() -> None:
         raw["text_config"].pop("layer_types", None)
         json.dump(raw, open(cfg_file, "w"))
     context_cap = max(contexts) + 64
-    plan = plan_bytes(EngineArgs(path, load_format="dummy", context_length=context_cap, max_running_requests=1))
+    plan = plan_bytes(EngineArgs(path, load_format="dummy", context_length=context_cap, max_running_requests=1,
+                                 kv_cache_dtype=cli.kv_cache_dtype))
     torch.cuda.empty_cache()  # the copy's buffers: free for the engine, so count them as free
     free, total = torch.cuda.mem_get_info()
     budget = free - plan.weights - RESERVE
@@ -168,10 +171,11 @@ def main() -> None:
         raise SystemExit("the weights leave no room for one request at the longest context; use fewer --layers")
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=context_cap, page_size=64,
                                max_running_requests=max_running, num_pages=int(num_pages),
-                               cuda_graph_max_bs=max_running)))
+                               cuda_graph_max_bs=max_running, kv_cache_dtype=cli.kv_cache_dtype)))
     pool = engine.pool
-    pool.kv.k.normal_()  # random K/V: attention is not timed on zeros
-    pool.kv.v.normal_()
+    for cache in (pool.kv.k, pool.kv.v):  # random K/V, as the cache holds them: attention is not timed on zeros
+        for rows in cache.flatten(0, 1).split(1 << 16):  # FP8 has no normal_: cast from a bounded temporary
+            rows.copy_(cache_values(torch.randn(rows.shape, device=rows.device), rows.dtype))
     torch.cuda.empty_cache()
     free_after = torch.cuda.mem_get_info()[0]
     left = free_after + pool.kv.nbytes + pool.state.nbytes

@@ -126,15 +126,17 @@ def test_stages_match_torch(block_m: int, gate_up_tile: dict, down_tile: dict, f
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-def test_epilogue_codes_are_the_quantisers() -> None:
+@pytest.mark.parametrize("tma", [False, True])
+def test_epilogue_codes_are_the_quantisers(tma: bool) -> None:
     """gate_up's in-epilogue quantisation writes exactly what quantize_activations writes for the
-    same h (the large-M kernel at 64 columns, whose h comes out in bf16)."""
+    same h (the large-M kernel at 64 columns, whose h comes out in bf16). With TMA, I = 192 leaves
+    the second 128-column tile reading up's rows past I: they must not reach the group's scale."""
     torch.manual_seed(3)
     gate_up, gs, _, _ = _weights(True)
     x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
     ids, _ = _routing()
     g = align_experts(ids, E, 32)
-    tile = dict(large_m=True, block_n=128, num_warps=4)
+    tile = dict(large_m=True, block_n=128, num_warps=4, tma=tma)
     hq, hs = moe_gate_up(x, gate_up, gs, g, **tile)
     h = moe_gate_up(x, gate_up, gs, g, **{**tile, "block_n": 64})
     pos = _real_rows(g)[0]

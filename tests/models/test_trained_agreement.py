@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, gap_change, greedy, greedy_check, heldout_prompts,
                        heldout_prompts_from_corpus, prefill_logits, reference, scored, top1_agreement)
@@ -67,6 +68,8 @@ def test_rounding_alone_meets_the_bars(tiny_checkpoints: dict[str, str], bound_n
     prompts = heldout_prompts(path)
     ref = reference(LLM(path, dtype="float32", **CPU), prompts)
     candidate = LLM(path, **flags, **CPU)
+    if "kv_cache_dtype" in flags:
+        assert candidate.engine.pool.kv.k.dtype == torch.float8_e4m3fn
     rounding(candidate.engine)
     bound = GAP_BOUND[bound_name]
     logits = [prefill_logits(candidate.engine, p, t) for p, t in zip(prompts, ref.tokens)]

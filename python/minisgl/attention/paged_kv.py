@@ -16,6 +16,12 @@ def cache_values(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
+def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+    """FP8 tensors as their bytes for indexed writes, which CUDA's index_put does not take in
+    every float8 build; other dtypes as they are."""
+    return t.view(torch.uint8) if t.dtype == FP8_DTYPE else t
+
+
 @dataclass(frozen=True)
 class PagedKV:
     """Position p of the request on page-table row r lives at flat index
@@ -28,8 +34,8 @@ class PagedKV:
 
     def store(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' k, v [T, Hkv, D] at flat indices loc [T]."""
-        self.k_cache[loc] = cache_values(k, self.k_cache.dtype)
-        self.v_cache[loc] = cache_values(v, self.v_cache.dtype)
+        _bytes_view(self.k_cache)[loc] = _bytes_view(cache_values(k, self.k_cache.dtype))
+        _bytes_view(self.v_cache)[loc] = _bytes_view(cache_values(v, self.v_cache.dtype))
 
     def locations(self, row: int | torch.Tensor, length: int) -> torch.Tensor:
         """Flat indices of positions [0, length) of the request on table row `row`."""

@@ -16,8 +16,8 @@ codes are those the separate pass would write.
 FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands through the
 tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
 down's rows of h (contiguous in grouped order) from one over h. A weight tile that runs past its
-expert's last row reads the next expert's rows into columns the store masks; gate_up zeroes them
-before its epilogue quantises h. Accumulating in units of each K step's scale, so that the MMA adds
+last row reads the rows after it (a gate tile up's, an up or down tile the next expert's) into
+columns the store masks; gate_up zeroes them before its epilogue quantises h. Accumulating in units of each K step's scale, so that the MMA adds
 into the accumulator in place (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile
 as large as it, was measured too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
 """
@@ -45,7 +45,8 @@ def _scaled_step(acc, x, w, x_scale, w_scale):
 
 @triton.jit
 def _weight_tile(w_desc, w_ptrs, row, kb, n_ok, K, TMA: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """K step kb of the weight rows from `row` on: from the descriptor, or from pointers at step 0."""
+    """K step kb of a weight tile: rows `row` on of the descriptor's view, or through w_ptrs (the
+    tile's pointers at K step 0)."""
     if TMA:
         return w_desc.load([row, kb * BLOCK_K])
     return load_k_tile(w_ptrs + kb * BLOCK_K, n_ok, K - kb * BLOCK_K, BLOCK_K, EVEN_K)

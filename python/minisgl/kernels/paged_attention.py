@@ -266,7 +266,8 @@ def paged_decode(
     batch, heads, dim = q.shape
     splits = num_splits or default_num_splits(batch, kv_heads, q.device)
     block_d = triton.next_power_of_2(dim)
-    block_n = _fit_block_n(block_n, block_d, k_cache.element_size(), num_stages)
+    # An FP8 cache's tiles become q's dtype in registers: the wider of the two sizes the tile.
+    block_n = _fit_block_n(block_n, block_d, max(q.element_size(), k_cache.element_size()), num_stages)
     part_out = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     part_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     _paged_decode_kernel[(splits, kv_heads, batch)](
