@@ -147,3 +147,22 @@ def test_epilogue_codes_are_the_quantisers(tma: bool) -> None:
     else:
         assert torch.equal(hs[pos], s)
         assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
+
+
+def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFixture) -> None:
+    """A tile that asks for TMA over weights TMA cannot read (here a strided view, as a slice of a
+    wider tensor would be) computes the same h through pointer loads, and the log says so."""
+    torch.manual_seed(4)
+    gate_up, gs, _, _ = _weights(True)
+    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
+    ids, _ = _routing()
+    g = align_experts(ids, E, 32)
+    wide = torch.zeros(E, 2 * I, H + 16, dtype=gate_up.dtype, device=DEVICE)
+    wide[:, :, :H] = gate_up
+    strided = wide[:, :, :H]
+    tile = dict(large_m=True, block_n=64, num_warps=4, tma=True)
+    with caplog.at_level("INFO", logger="minisgl.kernels.moe_gemm_large"):
+        h = moe_gate_up(x, strided, gs, g, **tile)
+    assert "not TMA-readable" in caplog.text
+    pos = _real_rows(g)[0]
+    assert torch.equal(h[pos], moe_gate_up(x, gate_up, gs, g, **tile)[pos])

@@ -23,6 +23,9 @@ as large as it, was measured too: 10-25% slower on gate_up (docs/benchmarks.md, 
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +36,7 @@ from minisgl.kernels.fp8_quant import GROUP, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 
+logger = logging.getLogger(__name__)
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
 
 
@@ -197,11 +201,20 @@ def _descriptor(t: torch.Tensor, rows: int, use: bool) -> object:
 
 def _tma(tile: MoeTile, fp8: bool, *operands: torch.Tensor) -> bool:
     """tile.tma where TMA can read the operands: contiguous (so the descriptor's 2-D view is not a
-    copy), 16-byte aligned bases and rows, K at least one box."""
-    return tile.tma and fp8 and GROUP % tile.block_n == 0 and all(
-        t.is_contiguous() and t.shape[-1] >= GROUP and t.data_ptr() % 16 == 0 and t.stride(-2) % 16 == 0
-        for t in operands
-    )
+    copy), 16-byte aligned bases and rows, K at least one box. Where it cannot, the log says so once."""
+    if not (tile.tma and fp8 and GROUP % tile.block_n == 0):
+        return False
+    for t in operands:
+        if not (t.is_contiguous() and t.shape[-1] >= GROUP and t.data_ptr() % 16 == 0 and t.stride(-2) % 16 == 0):
+            _pointer_loads_instead(tuple(t.shape), tuple(t.stride()))
+            return False
+    return True
+
+
+@functools.cache
+def _pointer_loads_instead(shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    logger.info("MoE prefill GEMMs: an operand of shape %s, strides %s, is not TMA-readable (contiguous, "
+                "16-byte aligned, K >= %d): pointer loads instead, ~1.1x slower", shape, stride, GROUP)
 
 
 def fuses_quantisation(tile: MoeTile, fp8: bool, dtype: torch.dtype) -> bool:
