@@ -17,9 +17,10 @@ FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands
 tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
 down's rows of h (contiguous in grouped order) from one over h. A weight tile that runs past its
 last row reads the rows after it (a gate tile up's, an up or down tile the next expert's) into
-columns the store masks; gate_up zeroes them before its epilogue quantises h. Accumulating in units of each K step's scale, so that the MMA adds
-into the accumulator in place (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile
-as large as it, was measured too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
+columns the store masks; gate_up zeroes them before its epilogue quantises h. Accumulating in
+units of each K step's scale, so that the MMA adds into the accumulator in place
+(acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile as large as it, was measured
+too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
 """
 from __future__ import annotations
 
