@@ -167,13 +167,19 @@ def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+@pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize(
     "t,k,e", [(1, 8, 256), (64, 8, 256), (700, 8, 256), (4096, 8, 256), (16384, 8, 256), (37, 10, 512),
-              (300, 2, 6), (50, 4, 384)],
+              (300, 2, 6), (50, 4, 384), (3000, 3, 6)],
 )
-def test_align_groups_every_valid_pair_once(t: int, k: int, e: int) -> None:
+def test_align_groups_every_valid_pair_once(t: int, k: int, e: int, skewed: bool) -> None:
+    """Every valid pair once, in its expert's blocks; past moe_align.ONE_PROGRAM_PAIRS (the split
+    path) each expert's rows in increasing pair index. Skewed: half the pairs on 3 experts."""
     torch.manual_seed(t * k + e)
     ids = torch.randint(-1, e + 2, (t, k), device=DEVICE)  # includes -1 and ids >= E
+    if skewed:
+        hot = torch.randint(0, 3, (t, k), device=DEVICE)
+        ids = torch.where(torch.rand(t, k, device=DEVICE) < 0.5, hot, ids)
     g = align_experts(ids, e, regime(t * k, e).block_m)
     block_expert, block_rows = g.block_expert.tolist(), g.block_rows.tolist()
     rows = g.rows.view(-1, g.block_m).tolist()
@@ -189,6 +195,8 @@ def test_align_groups_every_valid_pair_once(t: int, k: int, e: int) -> None:
         assert all(flat[p] == owner for p in pairs)
         seen += pairs
     assert sorted(seen) == [p for p, x in enumerate(flat) if 0 <= x < e]
+    if t * k > moe_align.ONE_PROGRAM_PAIRS:
+        assert seen == sorted(seen, key=lambda p: (flat[p], p)), "the split path: rows in pair order"
 
 
 @pytest.mark.parametrize("t", [48, 4096], ids=["decode kernels", "prefill kernels, TMA"])

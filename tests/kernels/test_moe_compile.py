@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
+from minisgl.kernels import moe_align  # noqa: E402
 from minisgl.kernels.fp8_quant import GROUP  # noqa: E402
 from minisgl.kernels.moe_blocks import MoeTile  # noqa: E402
 from minisgl.kernels.moe_gemm import (  # noqa: E402
@@ -112,3 +113,16 @@ def test_combine_compiles(act: str, scale: str, shared: bool) -> None:
     pointers = dict(y_ptr=act, ids_ptr="i64", shared_ptr=act, scale_ptr=scale, out_ptr=out)
     ttir = _compile_to_ttir(_moe_combine_kernel, pointers, dict(TOP_K=8, BLOCK_N=1024, SHARED=shared))
     assert "tt.store" in ttir
+
+
+@pytest.mark.parametrize("e_p2", [8, 256, 2048])
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_align_split_kernels_compile(e_p2: int, block_m: int) -> None:
+    """The prefill grouping's three kernels (sorts, histograms, gathers and a static binary search),
+    at few, the real and many experts: a constexpr the interpreter let a loop reassign failed here."""
+    pointers = dict(ids_ptr="i64", work_ptr="i32", block_expert_ptr="i32", block_rows_ptr="i32", rows_ptr="i32")
+    sizes = dict(CHUNK=moe_align.CHUNK, E_P2=e_p2)
+    bases = sizes | dict(BLOCK_M=block_m, TILE_C=max(1, moe_align.TILE_ELEMS // e_p2), TILE_B=moe_align.TILE_B)
+    for kernel, constexprs in ((moe_align._moe_sort_kernel, sizes), (moe_align._moe_bases_kernel, bases),
+                               (moe_align._moe_place_kernel, sizes)):
+        assert "tt.store" in _compile_to_ttir(kernel, pointers, constexprs)

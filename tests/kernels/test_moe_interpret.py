@@ -1,7 +1,8 @@
 """The Triton MoE's GEMM kernels, both orientations (decode's, and prefill's large-M with and without
 h quantised in gate_up's epilogue), stage by stage against torch at small ragged shapes, with
-padding ids, another worker's ids, a token with no pair and an expert with no rows. On a GPU, or on
-the CPU through Triton's interpreter:
+padding ids, another worker's ids, a token with no pair and an expert with no rows; and
+align_experts' grouping, both paths, uniform and skewed, against torch. On a GPU, or on the CPU
+through Triton's interpreter:
 
     TRITON_INTERPRET=1 python -m pytest -q tests/kernels/test_moe_interpret.py
 
@@ -26,6 +27,7 @@ GPU = torch.cuda.is_available()
 if not GPU and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("no GPU: set TRITON_INTERPRET=1 to run the Triton kernels on the CPU", allow_module_level=True)
 
+from minisgl.kernels import moe_align  # noqa: E402
 from minisgl.kernels.fp8_quant import GROUP, quantize_activations  # noqa: E402
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts  # noqa: E402
 from minisgl.kernels.moe_gemm import Hidden, moe_combine, moe_down, moe_gate_up  # noqa: E402
@@ -166,3 +168,70 @@ def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFix
     assert "not TMA-readable" in caplog.text
     pos = _real_rows(g)[0]
     assert torch.equal(h[pos], moe_gate_up(x, gate_up, gs, g, **tile)[pos])
+
+
+# (tokens, top-k, experts, rows per block, routing), each a few chunks of moe_align.CHUNK pairs (the
+# interpreter sorts a chunk in ~2 s): below ONE_PROGRAM_PAIRS, so the split path runs them forced.
+ALIGN_CASES = [
+    (300, 8, 256, 64, "uniform"),
+    (300, 8, 256, 16, "skewed"),
+    (300, 8, 256, 128, "skewed"),
+    (300, 8, 2048, 32, "uniform"),  # phase 2 walks 3 chunks' counts 2 a tile, and its blocks in 3 tiles
+    (400, 5, 6, 32, "skewed"),  # fewer histogram bins than a warp has lanes
+    (200, 10, 384, 64, "uniform"),  # E not a power of two
+]
+
+
+def _align_ids(t: int, k: int, e: int, routing: str) -> torch.Tensor:
+    """Random ids, skewed ones 80% on 3 hot experts, with padding (-1, and the first 3 tokens whole)
+    and other workers' ids (>= E)."""
+    ids = torch.randint(0, e, (t, k), device=DEVICE)
+    if routing == "skewed":
+        hot = torch.randperm(e, device=DEVICE)[:3]
+        pick = hot[torch.randint(0, 3, (t, k), device=DEVICE)]
+        ids = torch.where(torch.rand(t, k, device=DEVICE) < 0.8, pick, ids)
+    ids[torch.rand(t, k, device=DEVICE) < 0.05] = -1
+    ids[torch.rand(t, k, device=DEVICE) < 0.05] = e + 1
+    ids[:3] = -1
+    return ids
+
+
+def _check_align(t: int, k: int, e: int, block_m: int, routing: str, in_pair_order: bool) -> None:
+    """The block table as a stable sort by expert gives it, and each expert's pairs once from its
+    first row on (in increasing pair index if in_pair_order)."""
+    torch.manual_seed(t + k + e + block_m)
+    ids = _align_ids(t, k, e, routing)
+    g = align_experts(ids, e, block_m)
+
+    flat = ids.flatten()
+    counts = torch.bincount(flat[(flat >= 0) & (flat < e)], minlength=e)
+    blocks = cdiv(counts, block_m)
+    owner = torch.repeat_interleave(torch.arange(e, device=DEVICE), blocks)
+    first = (blocks.cumsum(0) - blocks) * block_m
+    nth = torch.arange(len(owner), device=DEVICE) - first[owner] // block_m
+    nb = g.max_blocks
+    assert nb == moe_align.max_blocks(t * k, e, block_m) and len(owner) <= nb
+    pad = torch.full((nb - len(owner),), -1, device=DEVICE)
+    assert torch.equal(g.block_expert.long(), torch.cat([owner, pad]))
+    rows = torch.clamp(counts[owner] - nth * block_m, max=block_m)
+    assert torch.equal(g.block_rows.long(), torch.cat([rows, torch.zeros_like(pad)]))
+    for x in range(e):
+        pairs = (flat == x).nonzero()[:, 0]
+        got = g.rows[first[x] : first[x] + counts[x]].long()
+        assert torch.equal(got if in_pair_order else got.sort().values, pairs), f"expert {x}"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one program", "split"])
+@pytest.mark.parametrize("t,k,e,block_m,routing", ALIGN_CASES)
+def test_align_matches_torch(t: int, k: int, e: int, block_m: int, routing: str, split: bool,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both paths; the split path's rows in increasing pair index, as its docstring promises."""
+    if split:
+        monkeypatch.setattr(moe_align, "ONE_PROGRAM_PAIRS", 0)
+    _check_align(t, k, e, block_m, routing, in_pair_order=split)
+
+
+def test_align_splits_past_one_program() -> None:
+    """Just past ONE_PROGRAM_PAIRS (5 chunks) the split path runs unforced."""
+    assert 520 * 8 > moe_align.ONE_PROGRAM_PAIRS
+    _check_align(520, 8, 256, 64, "skewed", in_pair_order=True)

@@ -7,13 +7,22 @@ Output, with BLOCK_M the rows per GEMM program:
 - `block_expert` [max_blocks] int32: the expert of each block, -1 for blocks past the last;
 - `block_rows` [max_blocks] int32: how many leading rows of each block are real.
 
-Three phases over the ids: count with atomics (each pair's atomic result is its rank within its
-expert), turn counts into block offsets with a cumsum and write the block table (each expert its
-own blocks, one pass per block of the busiest expert), then scatter. For decode's few pairs one
-program runs all three, separated by barriers (one launch); for prefill's many, phases 1 and 3 run
-one program per chunk of pairs, as three launches. Ranks
-from atomics order rows within an expert arbitrarily; each row's GEMM result does not depend on
-its position, so the output is still deterministic.
+Decode's few pairs (up to ONE_PROGRAM_PAIRS) take one program, one launch, in three phases separated
+by barriers: count with atomics (each pair's atomic result is its rank within its expert), turn
+counts into block offsets with a cumsum and write the block table (each expert its own blocks, one
+pass per block of the busiest expert), then scatter. Ranks from atomics order rows within an expert
+arbitrarily; each row's GEMM result does not depend on its position, so the output is still
+deterministic.
+
+Prefill's many pairs take three launches and no atomics (on the few counters of skewed routing's hot
+experts, atomics serialize: 65-110 us at 16K tokens x top-8 on an H200):
+1. one program per chunk of CHUNK pairs sorts its keys expert * CHUNK + offset in registers (invalid
+   ids as expert E, last) and stores them, with its count of each expert (a histogram);
+2. one program sums the counts over chunks, writes the block table (each block finds its expert by a
+   binary search over the experts' block ends, so skew costs nothing), and gives each (chunk, expert)
+   the row where that chunk's pairs of that expert go, less their first sorted position;
+3. one program per chunk places its sorted keys: a pair's row is that base plus its sorted position.
+There each expert's rows hold its pairs in increasing pair index.
 """
 from __future__ import annotations
 
@@ -85,20 +94,88 @@ def _moe_align_kernel(
         _scatter_chunk(ids_ptr, c0, num_ids, num_experts, counts_ptr, rank_ptr, rows_ptr, CHUNK)
 
 
-@triton.jit(do_not_specialize=["num_ids"])
-def _moe_count_kernel(ids_ptr, num_ids, num_experts, counts_ptr, rank_ptr, CHUNK: tl.constexpr):
-    _count_chunk(ids_ptr, tl.program_id(0) * CHUNK, num_ids, num_experts, counts_ptr, rank_ptr, CHUNK)
-
-
-@triton.jit(do_not_specialize=["max_blocks"])
-def _moe_block_table_kernel(counts_ptr, starts_ptr, block_expert_ptr, block_rows_ptr, max_blocks,
-                            BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_P2: tl.constexpr):
-    _block_table(counts_ptr, starts_ptr, block_expert_ptr, block_rows_ptr, max_blocks, BLOCK_M, CHUNK, E_P2)
+@triton.jit
+def _split_tables(work_ptr, num_chunks, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    """The split path's workspace: each chunk's sorted keys [num_chunks, CHUNK] at work_ptr, then its
+    count of each expert and its rows' base for each expert ([num_chunks, E_P2] each)."""
+    counts_ptr = work_ptr + num_chunks * CHUNK
+    return counts_ptr, counts_ptr + num_chunks * E_P2
 
 
 @triton.jit(do_not_specialize=["num_ids"])
-def _moe_scatter_kernel(ids_ptr, num_ids, num_experts, starts_ptr, rank_ptr, rows_ptr, CHUNK: tl.constexpr):
-    _scatter_chunk(ids_ptr, tl.program_id(0) * CHUNK, num_ids, num_experts, starts_ptr, rank_ptr, rows_ptr, CHUNK)
+def _moe_sort_kernel(ids_ptr, num_ids, num_experts, work_ptr, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    """Phase 1 over chunk c: its keys expert * CHUNK + offset sorted (the order of the rows it will
+    give), and its count of each expert."""
+    c = tl.program_id(0)
+    counts_ptr, _ = _split_tables(work_ptr, tl.num_programs(0), CHUNK, E_P2)
+    offs = tl.arange(0, CHUNK)
+    ids = tl.load(ids_ptr + c * CHUNK + offs, mask=c * CHUNK + offs < num_ids, other=-1)
+    ok = (ids >= 0) & (ids < num_experts)
+    expert = tl.where(ok, ids, num_experts).to(tl.int32)  # checked before the cast: no id wraps into range
+    tl.store(counts_ptr + c * E_P2 + tl.arange(0, E_P2), tl.histogram(expert, E_P2, mask=ok))
+    tl.store(work_ptr + c * CHUNK + offs, tl.sort(expert * CHUNK + offs))
+
+
+@triton.constexpr_function
+def _log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+@triton.jit
+def _search_block_table(counts, block_expert_ptr, block_rows_ptr, max_blocks,
+                        BLOCK_M: tl.constexpr, E_P2: tl.constexpr, TILE_B: tl.constexpr):
+    """Phase 2's block table (the same as _block_table's), TILE_B blocks at a time: block b's expert
+    is the number of experts whose blocks end at or before b. Returns each expert's first row."""
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    end = tl.cumsum(blocks, axis=0)
+    total = tl.sum(blocks, axis=0)
+    start = (end - blocks) * BLOCK_M
+    for b0 in range(0, max_blocks, TILE_B):
+        b = b0 + tl.arange(0, TILE_B)
+        expert = tl.zeros((TILE_B,), tl.int32)
+        for i in tl.static_range(1, _log2(E_P2) + 1):  # binary search, steps E_P2/2 .. 1: exact for b < total
+            step = E_P2 >> i
+            expert += tl.where(tl.gather(end, expert + step - 1, 0) <= b, step, 0)
+        rows = tl.minimum(tl.gather(start + counts, expert, 0) - b * BLOCK_M, BLOCK_M)  # to its expert's last row
+        tl.store(block_expert_ptr + b, tl.where(b < total, expert, -1), mask=b < max_blocks)
+        tl.store(block_rows_ptr + b, tl.where(b < total, rows, 0), mask=b < max_blocks)
+    return start
+
+
+@triton.jit(do_not_specialize=["num_chunks", "max_blocks"])
+def _moe_bases_kernel(work_ptr, num_chunks, block_expert_ptr, block_rows_ptr, max_blocks, BLOCK_M: tl.constexpr,
+                      CHUNK: tl.constexpr, E_P2: tl.constexpr, TILE_C: tl.constexpr, TILE_B: tl.constexpr):
+    """Phase 2: the block table from the total counts, then per (chunk c, expert e) the base
+    first_row[e] + (e's pairs in chunks before c) - (c's pairs of experts before e), walking the
+    counts TILE_C chunks at a time."""
+    counts_ptr, bases_ptr = _split_tables(work_ptr, num_chunks, CHUNK, E_P2)
+    tile = tl.arange(0, TILE_C)[:, None] * E_P2 + tl.arange(0, E_P2)[None, :]
+    totals = tl.zeros((E_P2,), tl.int32)
+    for c0 in range(0, num_chunks, TILE_C):
+        mine = (c0 + tl.arange(0, TILE_C) < num_chunks)[:, None]
+        totals += tl.sum(tl.load(counts_ptr + c0 * E_P2 + tile, mask=mine, other=0), axis=0)
+    carry = _search_block_table(totals, block_expert_ptr, block_rows_ptr, max_blocks, BLOCK_M, E_P2, TILE_B)
+    for c0 in range(0, num_chunks, TILE_C):
+        mine = (c0 + tl.arange(0, TILE_C) < num_chunks)[:, None]
+        n = tl.load(counts_ptr + c0 * E_P2 + tile, mask=mine, other=0)
+        # the exclusive cumsums over chunks and over experts: each inclusive one less n, which cancels
+        base = carry[None, :] + tl.cumsum(n, axis=0) - tl.cumsum(n, axis=1)
+        tl.store(bases_ptr + c0 * E_P2 + tile, base, mask=mine)
+        carry += tl.sum(n, axis=0)
+
+
+@triton.jit
+def _moe_place_kernel(work_ptr, num_experts, rows_ptr, CHUNK: tl.constexpr, E_P2: tl.constexpr):
+    """Phase 3 over chunk c: the pair at sorted position p goes to row base[c, expert] + p (the rows
+    of one expert are consecutive: the stores coalesce)."""
+    c = tl.program_id(0)
+    _, bases_ptr = _split_tables(work_ptr, tl.num_programs(0), CHUNK, E_P2)
+    p = tl.arange(0, CHUNK)
+    keys = tl.load(work_ptr + c * CHUNK + p)
+    expert = keys // CHUNK
+    ok = expert < num_experts
+    dest = tl.load(bases_ptr + c * E_P2 + expert, mask=ok, other=0) + p
+    tl.store(rows_ptr + dest, c * CHUNK + keys % CHUNK, mask=ok)
 
 
 @dataclass(frozen=True)
@@ -122,8 +199,10 @@ def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     return max(1, min(num_pairs, triton.cdiv(num_pairs, block_m) + num_experts))
 
 
-CHUNK = 1024  # pairs per phase-1/3 pass (and per program in the split launch)
+CHUNK = 1024  # pairs per pass of the one program; pairs per program (and sort) in the split launches
 ONE_PROGRAM_PAIRS = 4 * CHUNK  # up to here one program does all (decode); above, three launches
+TILE_ELEMS = 4096  # counts per tile of phase 2's walk over the [chunks, E_P2] table (16 a thread)
+TILE_B = 1024  # blocks per pass of phase 2's block table
 
 
 def align_experts(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertGrouping:
@@ -134,21 +213,21 @@ def align_experts(local_ids: torch.Tensor, num_experts: int, block_m: int) -> Ex
     dev = local_ids.device
     ids = local_ids.contiguous()
     e_p2 = triton.next_power_of_2(num_experts)
-    rank = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
     rows = torch.empty(nb * block_m, dtype=torch.int32, device=dev)
     block_expert = torch.empty(nb, dtype=torch.int32, device=dev)
     block_rows = torch.empty(nb, dtype=torch.int32, device=dev)
     if num_pairs <= ONE_PROGRAM_PAIRS:
         counts = torch.empty(e_p2, dtype=torch.int32, device=dev)
+        rank = torch.empty(max(num_pairs, 1), dtype=torch.int32, device=dev)
         _moe_align_kernel[(1,)](
             ids, num_pairs, num_experts, counts, rank, rows, block_expert, block_rows, nb,
             BLOCK_M=block_m, CHUNK=CHUNK, E_P2=e_p2, num_warps=8,
         )
     else:  # one program would walk the pairs serially (539 us at 16K tokens x top-8)
-        counts = torch.zeros(e_p2, dtype=torch.int32, device=dev)
         chunks = triton.cdiv(num_pairs, CHUNK)
-        _moe_count_kernel[(chunks,)](ids, num_pairs, num_experts, counts, rank, CHUNK=CHUNK, num_warps=4)
-        _moe_block_table_kernel[(1,)](counts, counts, block_expert, block_rows, nb,
-                                      BLOCK_M=block_m, CHUNK=CHUNK, E_P2=e_p2, num_warps=8)
-        _moe_scatter_kernel[(chunks,)](ids, num_pairs, num_experts, counts, rank, rows, CHUNK=CHUNK, num_warps=4)
+        work = torch.empty(chunks * (CHUNK + 2 * e_p2), dtype=torch.int32, device=dev)  # see _split_tables
+        _moe_sort_kernel[(chunks,)](ids, num_pairs, num_experts, work, CHUNK=CHUNK, E_P2=e_p2, num_warps=4)
+        _moe_bases_kernel[(1,)](work, chunks, block_expert, block_rows, nb, BLOCK_M=block_m, CHUNK=CHUNK,
+                                E_P2=e_p2, TILE_C=max(1, TILE_ELEMS // e_p2), TILE_B=TILE_B, num_warps=8)
+        _moe_place_kernel[(chunks,)](work, num_experts, rows, CHUNK=CHUNK, E_P2=e_p2, num_warps=4)
     return ExpertGrouping(rows, block_expert, block_rows, block_m, k)
