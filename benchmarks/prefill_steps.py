@@ -216,7 +216,7 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
                                max_running_requests=slots_needed, num_pages=pages,
                                cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
-                               disable_cuda_graph=not (decode_batches or mixed),
+                               disable_cuda_graph=not (decode_batches or mixed or piecewise_max_tokens),
                                piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
                     warm_up=False)
     layers = engine.config.num_layers

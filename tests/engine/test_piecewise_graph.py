@@ -30,6 +30,9 @@ def test_buckets_cover_every_size_with_bounded_padding() -> None:
 def test_flag_and_default() -> None:
     with pytest.raises(ValueError, match="piecewise_cuda_graph_max_tokens"):
         EngineArgs(piecewise_cuda_graph_max_tokens=-1)
+    with pytest.raises(ValueError, match="needs CUDA graphs"):  # not ignored in silence
+        EngineArgs(disable_cuda_graph=True, piecewise_cuda_graph_max_tokens=4096)
+    EngineArgs(disable_cuda_graph=True, piecewise_cuda_graph_max_tokens=0)
     assert resolve_plan(EngineArgs(device="cpu")).piecewise_max_tokens == 0  # no graphs on the CPU
 
 

@@ -91,6 +91,8 @@ class EngineArgs:
             raise ValueError(f"mamba_full_memory_ratio must be > 0 and finite, got {self.mamba_full_memory_ratio}")
         if self.piecewise_cuda_graph_max_tokens is not None and self.piecewise_cuda_graph_max_tokens < 0:
             raise ValueError(f"piecewise_cuda_graph_max_tokens must be >= 0, got {self.piecewise_cuda_graph_max_tokens}")
+        if self.disable_cuda_graph and self.piecewise_cuda_graph_max_tokens:
+            raise ValueError("piecewise_cuda_graph_max_tokens needs CUDA graphs: drop disable_cuda_graph or set it to 0")
         if self.chunked_prefill_size < 1:
             raise ValueError(f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}")
         if self.prefill_tokens_per_request < 0:
