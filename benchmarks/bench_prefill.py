@@ -300,6 +300,9 @@ def main() -> None:
                     help="CHUNK+D: a CHUNK-token prefill beside D decode rows, eager as served; '' for none")
     ap.add_argument("--piecewise-max-tokens", type=int, default=None,
                     help="the engine's --piecewise-cuda-graph-max-tokens (default: its own; 0: eager steps only)")
+    ap.add_argument("--gdn-group-tokens", default="",
+                    help="comma-separated bounds on the tokens of a GDN chunked-rule group (prefill_groups.py) to time "
+                         "each step with (default: the engine's own)")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--moe-only", action="store_true", help="the ceiling and the MoE candidates only")
@@ -338,7 +341,8 @@ def main() -> None:
         decode_batches = [int(b) for b in args.decode_batches.split(",") if b]
         mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
         out["model"], out["decode"], out["profile"] = model_rows(args.model, args.layers, steps, decode_batches, ceiling,
-                                                                 ceil["copy TB/s"], mixed, args.piecewise_max_tokens)
+                                                                 ceil["copy TB/s"], mixed, args.piecewise_max_tokens,
+                                                                 [int(v) for v in args.gdn_group_tokens.split(",") if v])
         print(out["profile"])
         save()
     print(table([out["ceilings"]], "Ceilings (this run)"))

@@ -10,6 +10,7 @@ import os
 import tempfile
 import traceback
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -191,11 +192,14 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
 
 def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
                copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
+               group_tokens: Sequence[int] = (),
                ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
-    """Prefill steps of the engine, then (same engine, CUDA graphs) decode steps at 1K context timed
-    and rooflined as bench_decode.py does, to show the small-M paths did not regress, then the mixed
-    steps of mixed_rows."""
+    """Prefill steps of the engine (with each of group_tokens as the GDN rule's group bound, or the
+    engine's own), then (same engine, CUDA graphs) decode steps at 1K context timed and rooflined as
+    bench_decode.py does, to show the small-M paths did not regress, then the mixed steps of
+    mixed_rows."""
     from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
+    from minisgl import prefill_groups
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
     from minisgl.models.known_configs import config_dir
@@ -228,14 +232,23 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
         for s in slots:
             engine.pool.ensure_tokens(s, p + n)  # the prefix's pages hold whatever was there: timing only
         seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
-        batch = engine.make_batch(seqs, [p] * b, slots)
         flops = model_flops(engine, [n] * b, p)
         roof_ms = flops / (ceiling * 1e9)
-        for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
-            rows.append({"layers": layers, "step": f"{step}, {mode}", "tokens": b * n, "step ms": ms,
-                         "host ms": host, "tokens/s": b * n / ms * 1e3, "GFLOP/token": flops / (b * n) / 1e9,
-                         "roofline ms": roof_ms, "vs roofline": roof_ms / ms})
-            print(rows[-1])
+        engine_bound = prefill_groups.GROUP_TOKENS
+        for bound in group_tokens or [engine_bound]:
+            prefill_groups.GROUP_TOKENS = bound  # a batch takes its groups when first used
+            try:
+                batch = engine.make_batch(seqs, [p] * b, slots)
+                label = f"{step}" if bound == engine_bound else f"{step}, GDN groups of <= {bound} tokens"
+                for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
+                    rows.append({"layers": layers, "step": f"{label}, {mode}", "tokens": b * n, "step ms": ms,
+                                 "host ms": host, "tokens/s": b * n / ms * 1e3,
+                                 "GFLOP/token": flops / (b * n) / 1e9, "roofline ms": roof_ms,
+                                 "vs roofline": roof_ms / ms})
+                    print(rows[-1])
+            finally:
+                prefill_groups.GROUP_TOKENS = engine_bound
+        batch = engine.make_batch(seqs, [p] * b, slots)
         # Every step's kernels (long prompts shift time to attention and the delta rule's serial
         # chunks); the first's also by launching operator.
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:

@@ -17,10 +17,13 @@ GROUP_TOKENS = 4096
 GROUP_REQUESTS = 16
 
 
-def prefill_groups(extend_lens: Sequence[int], max_tokens: int = GROUP_TOKENS,
-                   max_requests: int = GROUP_REQUESTS) -> list[tuple[int, int]]:
+def prefill_groups(extend_lens: Sequence[int], max_tokens: int | None = None,
+                   max_requests: int | None = None) -> list[tuple[int, int]]:
     """Consecutive request ranges [i, j) covering every request, each of at most max_requests
-    requests and at most max_tokens tokens unless it is one request."""
+    requests and at most max_tokens tokens unless it is one request (by default the module's
+    bounds, read at each call so that benchmarks/bench_prefill.py can try others)."""
+    max_tokens = GROUP_TOKENS if max_tokens is None else max_tokens
+    max_requests = GROUP_REQUESTS if max_requests is None else max_requests
     if max_tokens < 1 or max_requests < 1:
         raise ValueError(f"max_tokens and max_requests must be >= 1, got {max_tokens}, {max_requests}")
     groups: list[tuple[int, int]] = []
