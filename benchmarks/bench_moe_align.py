@@ -1,5 +1,6 @@
 """The MoE grouping (kernels/moe_align.py) at prefill sizes on CUDA: 256 experts, top-8, uniform and
-skewed routing, each block size the regimes use; optionally against another version of the module.
+skewed routing, at the block size moe_gemm.regime picks (or --block-m); optionally against another
+version of the module.
 
     PYTHONPATH=python python3 benchmarks/bench_moe_align.py [--baseline OLD_MOE_ALIGN.py]
 
@@ -20,6 +21,7 @@ import torch
 import triton
 
 from minisgl.kernels import moe_align
+from minisgl.kernels.moe_gemm import regime
 
 E, TOP_K, HOT = 256, 8, 4
 
@@ -60,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", help="another moe_align.py to check against and time beside this one")
     ap.add_argument("--tokens", default="16384,4096")
+    ap.add_argument("--block-m", default="", help="comma-separated block sizes (default: the regime's at each size)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA device")
@@ -71,13 +74,14 @@ def main() -> None:
     for t in (int(v) for v in args.tokens.split(",")):
         for skewed in (False, True):
             ids = routing(t, skewed)
-            for block_m in (64, 128):
-                row = [*times_us(moe_align, ids, block_m)]
+            for block_m in [int(v) for v in args.block_m.split(",") if v] or [regime(t * TOP_K, E).block_m]:
                 if baseline is not None:
                     new, old = grouped(moe_align.align_experts(ids, E, block_m)), grouped(
                         baseline.align_experts(ids, E, block_m))
                     if not all(torch.equal(a, b) for a, b in zip(new, old)):
                         raise SystemExit(f"{t} tokens, block_m {block_m}: the groupings differ")
+                row = [*times_us(moe_align, ids, block_m)]
+                if baseline is not None:
                     row += times_us(baseline, ids, block_m)
                 print(f"| {t} | {block_m} | {'skewed' if skewed else 'uniform'} | "
                       + " | ".join(f"{v:.1f}" for v in row) + " |")

@@ -299,14 +299,19 @@ def main() -> None:
     ap.add_argument("--mixed", default="1024+56,2048+56",
                     help="CHUNK+D: a CHUNK-token prefill beside D decode rows, eager as served; '' for none")
     ap.add_argument("--piecewise-max-tokens", type=int, default=None,
-                    help="the engine's --piecewise-cuda-graph-max-tokens (default: its own; 0: eager steps only)")
+                    help="the engine's --piecewise-cuda-graph-max-tokens: steps up to it are also timed replayed "
+                         "from the graphs (default: the engine's own when decode or mixed rows are asked for, which "
+                         "turn CUDA graphs on, else none; 0: eager steps only)")
     ap.add_argument("--gdn-group-tokens", default="",
-                    help="comma-separated bounds on the tokens of a GDN chunked-rule group (prefill_groups.py) to time "
-                         "each step with (default: the engine's own)")
+                    help="comma-separated bounds (>= 1) on the tokens of a GDN chunked-rule group (prefill_groups.py) "
+                         "to time each step with (default: the engine's own). Larger groups take more activation "
+                         "memory than the engine's planner reserves for")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--moe-only", action="store_true", help="the ceiling and the MoE candidates only")
     args = ap.parse_args()
+    if any(int(v) < 1 for v in args.gdn_group_tokens.split(",") if v):
+        ap.error(f"--gdn-group-tokens must be >= 1, got {args.gdn_group_tokens}")
     torch.manual_seed(0)
     out: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                               "regimes": [str(r) for r in REGIMES],

@@ -28,6 +28,12 @@ def test_groups_cover_every_request_in_order_within_both_bounds() -> None:
         prefill_groups([1], max_requests=0)
 
 
+def test_bounds_are_read_at_each_call(monkeypatch) -> None:
+    """benchmarks/bench_prefill.py --gdn-group-tokens times steps under other bounds this way."""
+    monkeypatch.setattr("minisgl.prefill_groups.GROUP_TOKENS", 2048)
+    assert prefill_groups([1024] * 4) == [(0, 2), (2, 4)]
+
+
 def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=8,
               context_length=4096)

@@ -170,7 +170,7 @@ def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])
 @pytest.mark.parametrize(
     "t,k,e", [(1, 8, 256), (64, 8, 256), (700, 8, 256), (4096, 8, 256), (16384, 8, 256), (37, 10, 512),
-              (300, 2, 6), (50, 4, 384), (3000, 3, 6)],
+              (300, 2, 6), (50, 4, 384), (3000, 3, 6), (5000, 1, 1), (3000, 2, 2), (1100, 8, 5000)],
 )
 def test_align_groups_every_valid_pair_once(t: int, k: int, e: int, skewed: bool) -> None:
     """Every valid pair once, in its expert's blocks; past moe_align.ONE_PROGRAM_PAIRS (the split

@@ -4,6 +4,7 @@ stale rows, decodes leading a prompt, a decode-only step, the top bucket), on th
 Qwen3-MoE models in fp32, through the engine as it serves, and at the 122B's widths in FP8."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -23,6 +24,7 @@ FP32_TOL = 1e-5
 # triton backend's delta rule, in full fp32, stays below 1e-5). A stale or skipped row is off by O(1).
 FLA_TF32_TOL = 1e-4
 GDN_TOLS = {"triton": FP32_TOL, "fla": FLA_TF32_TOL}
+FLA = pytest.param("fla", marks=pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="fla not installed"))
 # bf16 activations and FP8 GEMMs. Against eager steps, a padded step runs its GEMMs at another M,
 # where the FP8 linear takes another regime (split-K, tiled or cuBLAS) and sums in another order:
 # bf16 rounds each op's output (2^-8 ~ 4e-3), and the random 122B-width weights amplify it over the
@@ -39,7 +41,8 @@ def _check(errors: list[tuple[str, float]], tol: float) -> None:
         assert err < tol, f"{what}: relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("ckpt,gdn", [("bf16", "triton"), ("bf16", "fla"), ("qwen3_moe", "triton")])
+@pytest.mark.parametrize("ckpt,gdn", [("bf16", "triton"), pytest.param("bf16", *FLA.values, marks=FLA.marks),
+                                      ("qwen3_moe", "triton")])
 def test_captured_replay_equals_eager(tiny_checkpoints, ckpt: str, gdn: str) -> None:
     llm = LLM(tiny_checkpoints[ckpt], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
               context_length=256, piecewise_cuda_graph_max_tokens=0, gdn_backend=gdn)
@@ -47,7 +50,7 @@ def test_captured_replay_equals_eager(tiny_checkpoints, ckpt: str, gdn: str) -> 
     _check(run_both(llm.engine, make_runner(llm.engine, capture=True)), GDN_TOLS[gdn])
 
 
-@pytest.mark.parametrize("gdn", ["triton", "fla"])
+@pytest.mark.parametrize("gdn", ["triton", FLA])
 def test_engine_serves_from_its_graphs(tiny_checkpoints, gdn: str) -> None:
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
               context_length=256, chunked_prefill_size=64, gdn_backend=gdn)

@@ -116,7 +116,7 @@ def test_combine_compiles(act: str, scale: str, shared: bool) -> None:
 
 
 @pytest.mark.parametrize("e_p2", [8, 256, 2048])
-@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("block_m", sorted({r.block_m for r in REGIMES.values()}))
 def test_align_split_kernels_compile(e_p2: int, block_m: int) -> None:
     """The prefill grouping's three kernels (sorts, histograms, gathers and a static binary search),
     at few, the real and many experts: a constexpr the interpreter let a loop reassign failed here."""

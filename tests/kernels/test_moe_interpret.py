@@ -184,7 +184,7 @@ ALIGN_CASES = [
 
 def _align_ids(t: int, k: int, e: int, routing: str) -> torch.Tensor:
     """Random ids, skewed ones 80% on 3 hot experts, with padding (-1, and the first 3 tokens whole)
-    and other workers' ids (>= E)."""
+    and other workers' ids (>= E, some past int32: a cast before the range check would wrap them)."""
     ids = torch.randint(0, e, (t, k), device=DEVICE)
     if routing == "skewed":
         hot = torch.randperm(e, device=DEVICE)[:3]
@@ -192,6 +192,7 @@ def _align_ids(t: int, k: int, e: int, routing: str) -> torch.Tensor:
         ids = torch.where(torch.rand(t, k, device=DEVICE) < 0.8, pick, ids)
     ids[torch.rand(t, k, device=DEVICE) < 0.05] = -1
     ids[torch.rand(t, k, device=DEVICE) < 0.05] = e + 1
+    ids[torch.rand(t, k, device=DEVICE) < 0.02] = 2**32 + 1
     ids[:3] = -1
     return ids
 

@@ -61,7 +61,8 @@ class EngineArgs:
         "auto", "dtype of the full-attention layers' K/V cache: auto (the activations'), or fp8_e4m3 for half the "
                 "bytes of bf16 a token (codes with a scale of 1; values beyond +-448 saturate)", tuple(KV_CACHE_DTYPES))
     seed: int = arg(0, "seed of sampling (requests without their own seed) and of dummy weights")
-    disable_cuda_graph: bool = arg(False, "run decode eagerly instead of replaying captured CUDA graphs")
+    disable_cuda_graph: bool = arg(False, "no CUDA graphs: decode and prefill steps run eagerly "
+                                          "(--piecewise-cuda-graph-max-tokens must then be unset or 0)")
     cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
                                               "--max-running-requests)")
     piecewise_cuda_graph_max_tokens: int | None = arg(
