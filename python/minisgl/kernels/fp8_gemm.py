@@ -123,12 +123,13 @@ def gemm_split_k(
     split_k: int | None = None,
     num_warps: int = 4,
     num_stages: int = 5,
+    block_m: int | None = None,
 ) -> torch.Tensor:
     """[M, N] = dequant(xq) @ dequant(weight)^T: the decode kernel (tokens the narrow side, K split
-    while the weight tiles are too few to fill the SMs)."""
+    while the weight tiles are too few to fill the SMs). `block_m` overrides token_block (benchmarks)."""
     m, k = xq.shape
     n = weight.shape[0]
-    bm = token_block(m)
+    bm = block_m or token_block(m)
     m_blocks = triton.cdiv(m, bm)
     bn = block_n or WEIGHT_ROWS
     k_steps = triton.cdiv(k, GROUP)

@@ -4,11 +4,13 @@ Quantising once per call, before the GEMM, rather than inside it: a GEMM program
 own activation tile repeats the work for every weight tile, and the reduce-divide-cast sits on each
 K step's serial chain, which kept that loop from overlapping its loads (decode is latency-bound).
 
-One program quantises a [ROWS, 128] tile (ROWS tokens, one group): at prefill sizes a program per
-(token, group) spent its time launching 128-element programs, ~8x slower than the bytes allow. Fewer
-tokens than ROWS take the next power of two instead: the masked rows still pay the correctly rounded
-divisions, which made a one-token tile of 32 rows 4.7x slower (6.6 vs 1.4 us; 2 ms of a 48-layer
-decode step at B=1).
+One program quantises a [rows, 128] tile (rows tokens, one group): at prefill sizes a program per
+(token, group) spent its time launching 128-element programs, ~8x slower than the bytes allow, so
+from 512 tokens a tile holds ROWS. Decode batches take DECODE_ROWS: on the H200 in CUDA graphs
+(2026-12-04, docs/benchmarks.md) 32-row tiles took 6.6 us at 200 tokens x 2048 and 4-row tiles
+2.9 us, 3.3 -> 2.8 us at 64 tokens (200 calls a 35B decode step: 0.75 ms of 25). Fewer tokens than
+that take the next power of two: the masked rows still pay the correctly rounded divisions, which
+made a one-token tile of 32 rows 4.7x slower (6.6 vs 1.4 us; 2 ms of a 48-layer decode step at B=1).
 
 The scales come out token-major ([M, groups] with stride (1, M)): a GEMM's K step reads the scales of
 its consecutive tokens from consecutive addresses, and it is the layout cuBLAS's 1x128 block scaling
@@ -23,7 +25,9 @@ import triton.language as tl
 from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX
 
 GROUP = 128  # the checkpoints' block edge: weight blocks are GROUP x GROUP, activation groups 1 x GROUP
-ROWS = 32  # tokens per program at most: a 4096-element tile, 16 per thread at 4 warps
+ROWS = 32  # tokens per program from PREFILL_TOKENS on: a 4096-element tile, 16 per thread at 4 warps
+DECODE_ROWS = 4  # tokens per program below PREFILL_TOKENS
+PREFILL_TOKENS = 512
 
 
 @triton.jit
@@ -66,7 +70,7 @@ def quantize_activations(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch
     q = torch.empty(padded, k, dtype=FP8_DTYPE, device=x.device)
     s = torch.empty(groups, padded, dtype=torch.float32, device=x.device)
     if m:
-        rows = min(ROWS, triton.next_power_of_2(m))
+        rows = ROWS if m >= PREFILL_TOKENS else min(DECODE_ROWS, triton.next_power_of_2(m))
         _quantize_groups_kernel[(triton.cdiv(m, rows), groups)](
             x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),
             ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX,
