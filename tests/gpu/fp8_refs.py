@@ -15,6 +15,7 @@ from torch import nn
 from minisgl.kernels.activations import Activations, tensor
 from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up, quantize_block_fp8
 from minisgl.layers.linear import Linear
+from minisgl.layers.row_stack import RowStack
 from minisgl.models.config import QuantConfig
 from minisgl.models.materialize import keeps_bf16
 from minisgl.moe.local_moe import LocalMoE
@@ -79,6 +80,15 @@ class _FP8ActivationLinear(nn.Module):
         return F.linear(quantize_acts(x).to(x.dtype), self.weight)
 
 
+class _FP8ActivationStack:
+    def __init__(self, stack: RowStack) -> None:
+        self.stack = stack
+
+    def __call__(self, x: torch.Tensor | Activations) -> list[torch.Tensor]:
+        x = tensor(x)
+        return self.stack(quantize_acts(x).to(x.dtype))
+
+
 class _FP8ActivationExperts:
     def forward(self, x, gate_up, down, ids, weights, shared=None):  # noqa: ANN001, ANN201 - the experts interface
         x = tensor(x)
@@ -95,3 +105,5 @@ def emulate_fp8_activations(model: nn.Module, quant: QuantConfig) -> None:
             setattr(model.get_submodule(parent), child, _FP8ActivationLinear(module))
         elif isinstance(module, LocalMoE):
             module.backend = _FP8ActivationExperts()
+        elif isinstance(getattr(module, "gate_up", None), RowStack):  # the shared expert's gate and up, stacked
+            module.gate_up = _FP8ActivationStack(module.gate_up)

@@ -41,7 +41,7 @@ def _hold_fp8(model: nn.Module, device: torch.device, quant: QuantConfig) -> Non
         if isinstance(module, Linear) and not keeps_bf16(name, quant):
             out_features, in_features = module.weight.shape
             parent, _, child = name.rpartition(".")
-            with torch.device(device):
+            with torch.device("meta"):  # allocated below with the rest, once layers are stacked
                 fp8 = Fp8Linear(in_features, out_features, quant.block)
             if hasattr(module, "shards"):  # a TP rank's part of the checkpoint's weight (and so of its scales)
                 fp8.shards = module.shards
@@ -55,6 +55,9 @@ def materialize(model: nn.Module, device: torch.device, fp8: QuantConfig | None)
     checkpoint's FP8 weights are held as FP8."""
     if fp8 is not None:
         _hold_fp8(model, device, fp8)
+    for module in model.modules():  # layers that share an input, stacked for one GEMM (layers/row_stack.py)
+        if hasattr(module, "stack_rows"):
+            module.stack_rows(device)
     for module in model.modules():
         for pname, p in list(module.named_parameters(recurse=False)):
             if p.is_meta:

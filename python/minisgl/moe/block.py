@@ -10,6 +10,7 @@ from torch import nn
 
 from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import Linear, column_parallel, row_parallel
+from minisgl.layers.row_stack import RowStack, row_stack_fits
 from minisgl.moe.router import route
 from minisgl.moe.shared_addend import SharedAddend
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -25,10 +26,18 @@ class SharedExpert(nn.Module):
         self.gate_proj = column_parallel(hidden, intermediate, *part)
         self.up_proj = column_parallel(hidden, intermediate, *part)
         self.down_proj = row_parallel(intermediate, hidden, *part)
+        self.gate_up: RowStack | None = None  # gate's and up's weights in one storage (stack_rows)
+
+    def stack_rows(self, device: torch.device) -> None:
+        """Called by materialize once the layers' dtypes are final: gate and up as one GEMM where
+        their weights can share one storage (layers/row_stack.py)."""
+        if row_stack_fits((self.gate_proj, self.up_proj)):
+            self.gate_up = RowStack((self.gate_proj, self.up_proj), device)
 
     def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
         x = Activations.of(x)  # gate and up quantise it once
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = (self.gate_proj(x), self.up_proj(x)) if self.gate_up is None else self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class MoEBlock(nn.Module):
