@@ -50,3 +50,16 @@ def test_a_batch_hands_out_its_groups_once_with_their_own_offsets() -> None:
     assert [g.cu_seqlens.tolist() for g in groups] == [[0, 3000], [0, 3000, 3010]]
     assert [g.slots.tolist() for g in groups] == [[1], [2, 3]]
     assert ForwardBatch.build([[1] * 5] * 3, [0] * 3, [1, 2, 3], table, 64, "cpu").groups == ()
+
+
+def test_whole_step_groups_only_where_their_memory_is_a_small_share() -> None:
+    """engine/device_memory.py's rule on the growths the thirteenth and fourteenth sessions measured:
+    the 35B's ~0.7 GiB of the ~105 GiB its weights leave is taken, the 122B's ~1.4 of ~24 is not."""
+    from minisgl.engine.device_memory import WIDE_GROUP_SHARE, wide_groups_pay
+
+    gib = 1 << 30
+    assert wide_groups_pay(int(0.7 * gib), 105 * gib)
+    assert not wide_groups_pay(int(1.4 * gib), 24 * gib)
+    room = 50 * gib
+    assert wide_groups_pay(int(WIDE_GROUP_SHARE * room), room)
+    assert not wide_groups_pay(int(WIDE_GROUP_SHARE * room) + 1, room)

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from minisgl import prefill_groups
 from minisgl.engine import compile_watch
 from minisgl.engine.args import DEFAULT_MEM_FRACTION
 from minisgl.engine.plan import EnginePlan
@@ -94,6 +95,7 @@ class DevicePreparation:
     probe_seconds: float
     probe_compiles: int
     max_prefill_tokens: int
+    gdn_group_tokens: int  # the bound on a GDN prefill group's tokens this engine runs with
     final_seconds: float = 0.0
     final_compiles: int = 0
     final_peak_bytes: int = 0
@@ -140,6 +142,7 @@ class DevicePreparation:
             f"{self.budget.free / g:.1f} GiB free before the pool x {self.budget.fraction}; max concurrency "
             f"{p.max_concurrency(p.max_seq_len, self.costs.page_size)} at {p.max_seq_len} tokens"
             + "".join(f"; {n}" for n in p.notes)
+            + f"; GDN prefill groups of up to {self.gdn_group_tokens} tokens"
             + f". Warm-up: {self.warmup_compiles} Triton compiles/autotunes in {self.warmup_seconds:.1f} s "
             f"({self.probe_seconds:.1f} s measuring, {self.final_compiles} compiles on the real pool) "
             f"(largest step on the real pool {self.final_peak_bytes / g:.2f} GiB); ready {startup_seconds:.1f} s after start"
@@ -162,11 +165,14 @@ def prepare_on_device(
 
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
+    prefill_groups.GROUP_TOKENS = prefill_groups.DEFAULT_GROUP_TOKENS  # not an earlier engine's choice
     step_peak = peak_bytes(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
     # The largest step once more from an empty cache, for the segments it takes with fragmentation
     # (the whole ladder from empty would count every size's cached segments, as no step holds them).
     largest = largest_prefill(max_prefill_tokens, args.chunked_prefill_size, table_len)
     step_peak = max(step_peak, peak_bytes(lambda: run([largest]), segments=True))
+    group_tokens, step_peak = _gdn_group_tokens(lambda: run([largest]), step_peak, max_prefill_tokens,
+                                                torch.cuda.mem_get_info()[1] - weights, parallel, device)
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
@@ -188,4 +194,34 @@ def prepare_on_device(
     pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
                           args.max_running_requests, args.mamba_full_memory_ratio)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
-                             compile_watch.compile_count() - compiles, max_prefill_tokens)
+                             compile_watch.compile_count() - compiles, max_prefill_tokens, group_tokens)
+
+
+# GDN groups of a whole step (prefill_groups.py) give fla's recurrence several sequences' heads to
+# spread over the SMs: 3-5% of a 16K-token prefill step on the H200 (docs/benchmarks.md, 2026-12-04),
+# for ~0.1 MiB a token more activations at 122B shapes. Taken when the largest step's peak grows by
+# at most this share of the memory the weights leave (the 35B's ~0.7 of 105 GiB), not where the pool
+# would lose requests to it (the 122B's ~1.4 of 24 GiB: about 7 of its 8K requests).
+WIDE_GROUP_SHARE = 0.02
+
+
+def wide_groups_pay(growth: int, room: int) -> bool:
+    """Whether the largest step's peak growing by `growth` bytes under whole-step GDN groups is worth
+    it, with `room` bytes of the device left by the weights."""
+    return growth <= WIDE_GROUP_SHARE * room
+
+
+def _gdn_group_tokens(run_largest: Callable[[], None], narrow_peak: int, max_prefill_tokens: int, room: int,
+                      parallel: ParallelConfig, device: torch.device) -> tuple[int, int]:
+    """(the GDN group bound this engine runs with, the largest step's peak under it): the largest
+    step measured once more with groups of up to max_prefill_tokens tokens, kept if they pay. Every
+    TP rank runs the step and all decide on the tightest rank's figures, so they group alike."""
+    if max_prefill_tokens <= prefill_groups.DEFAULT_GROUP_TOKENS:
+        return prefill_groups.DEFAULT_GROUP_TOKENS, narrow_peak
+    prefill_groups.GROUP_TOKENS = max_prefill_tokens
+    wide_peak = peak_bytes(run_largest, segments=True)
+    growth, neg_room = max_over_ranks([wide_peak - narrow_peak, -room], parallel, device)
+    if wide_groups_pay(growth, -neg_room):
+        return max_prefill_tokens, max(narrow_peak, wide_peak)
+    prefill_groups.GROUP_TOKENS = prefill_groups.DEFAULT_GROUP_TOKENS
+    return prefill_groups.DEFAULT_GROUP_TOKENS, narrow_peak
