@@ -1,6 +1,6 @@
 """The scheduler's prefill budget beside decodes, replayed on the CPU against a step-cost model.
 
-    python benchmarks/sim_prefill_budget.py [--profiles NAMES]
+    python benchmarks/sim_prefill_budget.py [--profiles NAMES] [--chunks 1024,4096,16384]
 
 Each profile sends its prompts as the bench client does (the first `concurrency` at once, then one
 more each time a request finishes; fixed prompt and output lengths, as `serve_matrix.py`'s rows)
@@ -90,8 +90,9 @@ class _Pool:
         return 0
 
 
-def replay(profile: Profile, rule: Rule) -> dict[str, float]:
-    """The profile served under `rule`: duration and ITL figures, in seconds and milliseconds."""
+def replay(profile: Profile, rule: Rule, chunk: int = CHUNK) -> dict[str, float]:
+    """The profile served under `rule` with --chunked-prefill-size `chunk`: duration and ITL figures,
+    in seconds and milliseconds."""
     params = SamplingParams(temperature=0, max_tokens=profile.output, ignore_eos=True)
     prompts = deque(Request(f"r{i}", [1] * profile.prompt, params) for i in range(profile.requests))
     running: list[Request] = []
@@ -104,7 +105,7 @@ def replay(profile: Profile, rule: Rule) -> dict[str, float]:
         while finished < profile.requests:
             while prompts and len(running) + len(waiting) < profile.concurrency:
                 waiting.append(prompts.popleft())
-            items = rules.plan_batch(running, waiting, _Pool(), max_len, CHUNK, MAX_PREFILL, PER_REQUEST)
+            items = rules.plan_batch(running, waiting, _Pool(), max_len, chunk, MAX_PREFILL, PER_REQUEST)
             decodes = [r for r, _ in items if r.prefill_done]
             prompt_tokens = sum(n for r, n in items if not r.prefill_done)
             clock += (profile.a_ms + profile.b_us * prompt_tokens / 1e3 + profile.d_us * len(decodes) / 1e3) / 1e3
@@ -126,11 +127,18 @@ def replay(profile: Profile, rule: Rule) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profiles", default=",".join(PROFILES), help="comma-separated names of PROFILES")
+    ap.add_argument("--chunks", default="",
+                    help="comma-separated --chunked-prefill-size values to replay under the rule in use "
+                         "(the trade of a larger chunk: shorter runs, longer waits between tokens)")
     args = ap.parse_args()
     rows = []
     for name in args.profiles.split(","):
         for rule_name, rule in RULES.items():
             rows.append({"profile": name, "rule": rule_name, **replay(PROFILES[name], rule)})
+            print(rows[-1], flush=True)
+        for chunk in (int(c) for c in args.chunks.split(",") if c):
+            rows.append({"profile": name, "rule": f"in use, --chunked-prefill-size {chunk}",
+                         **replay(PROFILES[name], step_prefill_budget, chunk)})
             print(rows[-1], flush=True)
     print(table(rows, "Prefill budget rules replayed against the step-cost model (CPU)"))
 

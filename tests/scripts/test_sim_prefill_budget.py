@@ -40,3 +40,13 @@ def test_rule_in_use_keeps_long_context_gain_and_bounds_waves_of_prompts() -> No
     assert replay(long_context, RULES[IN_USE])["duration s"] < 0.98 * replay(long_context, RULES[FORMER])["duration s"]
     p99 = {name: replay(waves, RULES[name])["ITL P99 ms"] for name in (IN_USE, ONE_X, FORMER)}
     assert p99[IN_USE] <= p99[FORMER] < p99[ONE_X]
+
+
+def test_a_larger_chunk_trades_inter_token_latency_for_duration() -> None:
+    """--chunked-prefill-size replayed: on Long Context a whole-budget chunk ends sooner and makes
+    every decode wait longer; 8K prompts arriving one by one keep their ITL P99 only with one chunk."""
+    long_context, steady = PROFILES["35B Long Context 32000/100 x100"], PROFILES["122B 8K/256 c=32"]
+    small, large = replay(long_context, RULES[IN_USE], 1024), replay(long_context, RULES[IN_USE], 16384)
+    assert large["duration s"] < 0.95 * small["duration s"]
+    assert large["ITL median ms"] > 2 * small["ITL median ms"]
+    assert replay(steady, RULES[IN_USE], 16384)["ITL P99 ms"] > 3 * replay(steady, RULES[IN_USE], 1024)["ITL P99 ms"]
