@@ -11,7 +11,8 @@ candidate's output is first checked against the regime's (relative to the larges
 The split-K kernel's own tile is what REGIMES ran at every decode size until 2026-12-04.
 
 Per token count it prints the step's projection time per candidate (each shape's time times its
-calls per step: GDN layers x 3, attention layers x 4, every layer x 3 for the shared expert) and
+calls per step: GDN layers x 3, attention layers x 4, every layer x 2 for the shared expert, whose
+gate and up run stacked) and
 the ratio of the weight bytes to the copy bandwidth measured in the same run. Writes
 bench_decode_linear.json under $OUT when set.
 """
@@ -51,16 +52,20 @@ CANDIDATES: dict[str, dict[str, object]] = {
 
 
 def projections(config: ModelConfig) -> list[tuple[str, int, int, int]]:
-    """(name, N, K, calls per decode step) of the config's FP8 projections."""
+    """(name, N, K, calls per decode step) of the config's FP8 projections, as the model runs them:
+    the shared expert's gate and up as one GEMM where they stack in whole 128-row blocks
+    (layers/row_stack.py)."""
     h, gdn, attn = config.hidden_size, len(config.linear_layers), len(config.full_layers)
     q_rows = config.num_heads * config.head_dim * (2 if config.attn_output_gate else 1)
     shared = config.shared_expert_intermediate_size
+    gate_up = ([("shared gate_proj + up_proj (stacked)", 2 * shared, h, config.num_layers)] if shared % 128 == 0
+               else [("shared gate_proj, up_proj", shared, h, 2 * config.num_layers)])
     return [
         ("gdn in_proj_qkv", config.conv_dim, h, gdn), ("gdn in_proj_z", config.linear_value_dim, h, gdn),
         ("gdn out_proj", h, config.linear_value_dim, gdn), ("attn q_proj", q_rows, h, attn),
         ("attn k_proj, v_proj", config.num_kv_heads * config.head_dim, h, 2 * attn),
         ("attn o_proj", h, config.num_heads * config.head_dim, attn),
-        ("shared gate_proj, up_proj", shared, h, 2 * config.num_layers), ("shared down_proj", h, shared, config.num_layers),
+        *gate_up, ("shared down_proj", h, shared, config.num_layers),
     ]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl import forward_batch, prefill_groups
+from minisgl import forward_batch
 from minisgl.engine.engine import Engine
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool
@@ -31,10 +31,8 @@ def grouped_against_whole(engine: Engine) -> list[tuple[str, float]]:
             pool.ensure_tokens(s, n)
         batch = ForwardBatch.build(prompts, [0] * len(prompts), slots, pool.page_table, pool.page_size, engine.device)
         with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
-            # The default bound, whatever a GPU engine's warm-up chose (engine/device_memory.py).
-            mp.setattr(prefill_groups, "GROUP_TOKENS", prefill_groups.DEFAULT_GROUP_TOKENS)
             if not grouped:  # the same step with its requests in one group
-                mp.setattr(forward_batch, "prefill_groups", lambda lens: [(0, len(lens))])
+                mp.setattr(forward_batch, "prefill_groups", lambda lens, *bounds: [(0, len(lens))])
             logits = engine.model(batch, pool)
         spans = [len(g.extend_lens) for g in batch.groups]
         assert spans == ([2, 3, 1] if grouped else []), "the step must split for the test to mean anything"

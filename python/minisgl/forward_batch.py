@@ -48,6 +48,9 @@ class ForwardBatch:
     # slices: a slice at an odd offset would be a new pointer alignment, a new Triton variant).
     leading_decodes: int = 0
     prefill_part: "ForwardBatch | None" = None
+    # The bound on a GDN group's tokens (prefill_groups.py) the engine measured its reserve with;
+    # None: the module's.
+    gdn_group_tokens: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -66,7 +69,7 @@ class ForwardBatch:
         """The requests in groups for the GDN chunked rule (prefill_groups.py); () when they make
         one group. Made on first use, from the batch's device tensors without a host copy, and the
         same objects for every layer of the step."""
-        spans = prefill_groups(self.extend_lens)
+        spans = prefill_groups(self.extend_lens, self.gdn_group_tokens)
         if len(spans) == 1:
             return ()
         starts = [0, *itertools.accumulate(self.extend_lens)]
@@ -86,6 +89,7 @@ class ForwardBatch:
         page_table: torch.Tensor,
         page_size: int,
         device: torch.device | str,
+        gdn_group_tokens: int | None = None,
     ) -> "ForwardBatch":
         if not (len(tokens) == len(prefix_lens) == len(slots)) or not tokens:
             raise ValueError("a batch needs one token list, prefix length and slot per request, and >= 1 request")
@@ -104,7 +108,7 @@ class ForwardBatch:
         if decodes == len(extend):  # a decode step: nothing to split
             decodes = 0
         rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
-                                  device) if decodes else None
+                                  device, gdn_group_tokens) if decodes else None
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -122,4 +126,5 @@ class ForwardBatch:
             slot_ids=tuple(slots),
             leading_decodes=decodes,
             prefill_part=rest,
+            gdn_group_tokens=gdn_group_tokens,
         )

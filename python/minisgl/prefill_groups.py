@@ -7,16 +7,16 @@ The memory planner reserves the largest step's measured peak, so an unbounded ca
 every pool smaller, or a step of many short prompts run out of memory. Consecutive requests go
 through the rule in groups of at most GROUP_TOKENS tokens (a longer request alone) and at most
 GROUP_REQUESTS requests; each request's arithmetic is unchanged. The warm-up measures a step of
-full groups of both kinds (engine/warmup.py). On a GPU the engine raises GROUP_TOKENS to its whole
-step budget where that grows the largest step's measured peak by a small share of its memory
-(engine/device_memory.py): one group then gives fla's recurrence several sequences at once.
+full groups of both kinds (engine/warmup.py). On a GPU an engine may take groups of its whole step
+budget instead, where that grows the largest steps' measured peak by a small share of its memory
+(engine/device_memory.py): one group then gives fla's recurrence several sequences at once. Its
+batches carry that bound (ForwardBatch.gdn_group_tokens); GROUP_TOKENS stays the default.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-DEFAULT_GROUP_TOKENS = 4096
-GROUP_TOKENS = DEFAULT_GROUP_TOKENS  # this process's bound (engine/device_memory.py may raise it)
+GROUP_TOKENS = 4096
 GROUP_REQUESTS = 16
 
 

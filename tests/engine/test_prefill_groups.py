@@ -39,6 +39,15 @@ def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
               context_length=4096)
     for what, err in grouped_against_whole(llm.engine):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+    # An engine's own bound (a GPU warm-up may widen it: engine/device_memory.py) reaches its batches,
+    # a mixed step's prefill part included; another engine in the process keeps the default.
+    engine = llm.engine
+    engine.gdn_group_tokens = 8192
+    batch = engine.make_batch([[1], [2] * 3000, [3] * 3000, [4] * 3000], [5, 0, 0, 0], [1, 2, 3, 4])
+    assert batch.gdn_group_tokens == 8192
+    assert [g.extend_lens for g in batch.prefill_requests.groups] == [(3000, 3000), (3000,)]
+    engine.gdn_group_tokens = None
+    assert [g.extend_lens for g in engine.make_batch([[2] * 3000] * 3, [0] * 3, [2, 3, 4]).groups] == [(3000,)] * 3
 
 
 def test_a_batch_hands_out_its_groups_once_with_their_own_offsets() -> None:

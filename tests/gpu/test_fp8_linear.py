@@ -123,7 +123,7 @@ def test_token_counts_in_one_regime_compile_once(first_m: int) -> None:
     counts = sorted({first_m, first_m + 1, first_m + 16, (first_m + last) // 2 | 1, last - 1})
     counts = [m for m in counts if regime(m) == regime(first_m)]
     if first_m == 1:  # decode's kernel tiles tokens in a few power-of-two widths: one bucket each
-        counts = [17, 19, 24, 32]
+        counts = [17, 19, 24, 31]
     kernels = (_quantize_groups_kernel, _fp8_linear_kernel, _fp8_tiled_kernel)
     fp8_linear(torch.randn(counts[0], 1024, dtype=torch.bfloat16, device=DEVICE), w, s)
     before = [_variants(kernel) for kernel in kernels]

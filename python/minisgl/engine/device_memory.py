@@ -29,6 +29,7 @@ from minisgl.engine.warmup import (
     decode_shapes,
     largest_prefill,
     mixed_shapes,
+    most_requests,
     prefill_shapes,
     run_shape,
     scratch_sample,
@@ -95,7 +96,7 @@ class DevicePreparation:
     probe_seconds: float
     probe_compiles: int
     max_prefill_tokens: int
-    gdn_group_tokens: int  # the bound on a GDN prefill group's tokens this engine runs with
+    gdn_group_tokens: int | None  # the bound on a GDN prefill group's tokens this engine runs with (None: default)
     final_seconds: float = 0.0
     final_compiles: int = 0
     final_peak_bytes: int = 0
@@ -142,7 +143,7 @@ class DevicePreparation:
             f"{self.budget.free / g:.1f} GiB free before the pool x {self.budget.fraction}; max concurrency "
             f"{p.max_concurrency(p.max_seq_len, self.costs.page_size)} at {p.max_seq_len} tokens"
             + "".join(f"; {n}" for n in p.notes)
-            + f"; GDN prefill groups of up to {self.gdn_group_tokens} tokens"
+            + f"; GDN prefill groups of up to {self.gdn_group_tokens or prefill_groups.GROUP_TOKENS} tokens"
             + f". Warm-up: {self.warmup_compiles} Triton compiles/autotunes in {self.warmup_seconds:.1f} s "
             f"({self.probe_seconds:.1f} s measuring, {self.final_compiles} compiles on the real pool) "
             f"(largest step on the real pool {self.final_peak_bytes / g:.2f} GiB); ready {startup_seconds:.1f} s after start"
@@ -160,19 +161,32 @@ def prepare_on_device(
     table_len = flags.max_seq_len
     scratch = HybridPool.scratch(layout, table_len, flags, plan.dtype, device)
 
+    group_tokens: int | None = None  # the GDN group bound of the steps measured (None: the default)
+
     def make_batch(tokens: list[list[int]], prefix: list[int], slots: list[int]) -> ForwardBatch:
-        return ForwardBatch.build(tokens, prefix, slots, scratch.page_table, flags.page_size, device)
+        return ForwardBatch.build(tokens, prefix, slots, scratch.page_table, flags.page_size, device, group_tokens)
 
     run = _runner(plan, make_batch, lambda b: model(b, scratch))
     most_rows = args.max_running_requests or MAX_AUTO_RUNNING
-    prefill_groups.GROUP_TOKENS = prefill_groups.DEFAULT_GROUP_TOKENS  # not an earlier engine's choice
     step_peak = peak_bytes(lambda: run(prefill_shapes(max_prefill_tokens, args.chunked_prefill_size, table_len)))
     # The largest step once more from an empty cache, for the segments it takes with fragmentation
     # (the whole ladder from empty would count every size's cached segments, as no step holds them).
     largest = largest_prefill(max_prefill_tokens, args.chunked_prefill_size, table_len)
     step_peak = max(step_peak, peak_bytes(lambda: run([largest]), segments=True))
-    group_tokens, step_peak = _gdn_group_tokens(lambda: run([largest]), step_peak, max_prefill_tokens,
-                                                torch.cuda.mem_get_info()[1] - weights, parallel, device)
+
+    def wide_peak(bound: int) -> int:
+        """The peak of the steps whose GDN groups grow most with `bound`: the most tokens, and the
+        most requests (each gathers and scatters its state) that many tokens can come in."""
+        nonlocal group_tokens
+        group_tokens = bound
+        try:
+            return max(peak_bytes(lambda: run([shape]), segments=True)
+                       for shape in {largest, most_requests(max_prefill_tokens, table_len)})
+        finally:
+            group_tokens = None
+
+    gdn_groups, step_peak = _gdn_group_tokens(wide_peak, step_peak, max_prefill_tokens,
+                                              torch.cuda.mem_get_info()[1] - weights, parallel, device)
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
@@ -194,7 +208,7 @@ def prepare_on_device(
     pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
                           args.max_running_requests, args.mamba_full_memory_ratio)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
-                             compile_watch.compile_count() - compiles, max_prefill_tokens, group_tokens)
+                             compile_watch.compile_count() - compiles, max_prefill_tokens, gdn_groups)
 
 
 # GDN groups of a whole step (prefill_groups.py) give fla's recurrence several sequences' heads to
@@ -211,17 +225,15 @@ def wide_groups_pay(growth: int, room: int) -> bool:
     return growth <= WIDE_GROUP_SHARE * room
 
 
-def _gdn_group_tokens(run_largest: Callable[[], None], narrow_peak: int, max_prefill_tokens: int, room: int,
-                      parallel: ParallelConfig, device: torch.device) -> tuple[int, int]:
-    """(the GDN group bound this engine runs with, the largest step's peak under it): the largest
-    step measured once more with groups of up to max_prefill_tokens tokens, kept if they pay. Every
-    TP rank runs the step and all decide on the tightest rank's figures, so they group alike."""
-    if max_prefill_tokens <= prefill_groups.DEFAULT_GROUP_TOKENS:
-        return prefill_groups.DEFAULT_GROUP_TOKENS, narrow_peak
-    prefill_groups.GROUP_TOKENS = max_prefill_tokens
-    wide_peak = peak_bytes(run_largest, segments=True)
-    growth, neg_room = max_over_ranks([wide_peak - narrow_peak, -room], parallel, device)
+def _gdn_group_tokens(wide_peak: Callable[[int], int], narrow_peak: int, max_prefill_tokens: int, room: int,
+                      parallel: ParallelConfig, device: torch.device) -> tuple[int | None, int]:
+    """(the GDN group bound this engine runs with, None for the default; the largest steps' peak
+    under it): groups of up to max_prefill_tokens tokens, kept if they pay. Every TP rank measures
+    and all decide on the tightest rank's figures, so they group alike."""
+    if max_prefill_tokens <= prefill_groups.GROUP_TOKENS:
+        return None, narrow_peak
+    peak = wide_peak(max_prefill_tokens)
+    growth, neg_room = max_over_ranks([peak - narrow_peak, -room], parallel, device)
     if wide_groups_pay(growth, -neg_room):
-        return max_prefill_tokens, max(narrow_peak, wide_peak)
-    prefill_groups.GROUP_TOKENS = prefill_groups.DEFAULT_GROUP_TOKENS
-    return prefill_groups.DEFAULT_GROUP_TOKENS, narrow_peak
+        return max_prefill_tokens, max(narrow_peak, peak)
+    return None, narrow_peak

@@ -124,12 +124,14 @@ class Engine:
         self.layout = plan.layout(self.parallel)
         measured = plan.measure_pool and warm_up
         self.preparation: DevicePreparation | None = None
+        self.gdn_group_tokens: int | None = None  # the warm-up's choice (engine/device_memory.py); None: default
         with compile_watch.warming_up():
             # Before the planner measures what is free, so the graphs' memory is counted as taken.
             self.prefill_graphs = self._capture_piecewise(backends, remote_moe=mlp_factory is not None)
             if measured:
                 self.preparation = prepare_on_device(plan, self.model, self.layout, self.parallel, max_prefill_tokens)
                 self.pool_cfg = self.preparation.pool_config
+                self.gdn_group_tokens = self.preparation.gdn_group_tokens
             else:
                 self.pool_cfg = plan.pool
             self.max_seq_len = self.pool_cfg.max_seq_len
@@ -229,7 +231,8 @@ class Engine:
         return runner
 
     def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch:
-        return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device)
+        return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device,
+                                  self.gdn_group_tokens)
 
     @torch.inference_mode()
     def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -58,6 +58,12 @@ def largest_prefill(max_prefill_tokens: int, chunk: int, max_len: int) -> StepSh
     return StepShape(parts, (0,) * len(parts))
 
 
+def most_requests(max_prefill_tokens: int, max_len: int) -> StepShape:
+    """The step of the most requests in one GDN group (GROUP_REQUESTS) that fill the prompt budget."""
+    each = max(1, min(max_prefill_tokens // GROUP_REQUESTS, max_len - 1))
+    return StepShape((each,) * GROUP_REQUESTS, (0,) * GROUP_REQUESTS)
+
+
 def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[StepShape]:
     """Prefill-only steps, up to the largest: one prompt of each ladder size up to a chunk; several
     chunks for the larger step sizes; a continued prompt (a later chunk); a mix of lengths. No
