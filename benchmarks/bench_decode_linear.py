@@ -12,9 +12,8 @@ The split-K kernel's own tile is what REGIMES ran at every decode size until 202
 
 Per token count it prints the step's projection time per candidate (each shape's time times its
 calls per step: GDN layers x 3, attention layers x 4, every layer x 2 for the shared expert, whose
-gate and up run stacked) and
-the ratio of the weight bytes to the copy bandwidth measured in the same run. Writes
-bench_decode_linear.json under $OUT when set.
+gate and up run stacked) beside the weight bytes' time at the copy bandwidth measured in the same
+run. Writes bench_decode_linear_MODEL.json under $OUT when set.
 """
 from __future__ import annotations
 
