@@ -44,10 +44,12 @@ def main() -> None:
                         continue
                     q, s = quantise(xs[0], rows, warps)
                     if not (torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s.t(), ref_s)):
-                        raise SystemExit(f"rows {rows}, {warps} warps: codes or scales differ from quantize_activations")
+                        raise SystemExit(f"rows {rows}, {warps} warps: codes or scales differ from "
+                                         "quantize_activations")
                     times[f"r{rows} w{warps}"] = graph_us([lambda x=x, r=rows, w=warps: quantise(x, r, w) for x in xs])
             best = sorted(times.items(), key=lambda kv: kv[1])[:5]
-            print(f"M={m} K={k}: in use {times['in use']:.2f} us; fastest {[(n, round(v, 2)) for n, v in best]}", flush=True)
+            fastest = [(n, round(v, 2)) for n, v in best]
+            print(f"M={m} K={k}: in use {times['in use']:.2f} us; fastest {fastest}", flush=True)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ class DevicePreparation:
     def describe(self, startup_seconds: float) -> str:
         """The planner's log line."""
         p, g = self.plan, GIB
+        groups = self.gdn_group_tokens or prefill_groups.GROUP_TOKENS
         return (
             f"memory: weights {self.weights_bytes / g:.1f} GiB, KV {p.kv_bytes / g:.2f} GiB ({p.num_pages} pages"
             f"{f' of {self.pool_config.kv_dtype}' if self.pool_config.kv_dtype else ''}), "
@@ -143,7 +144,7 @@ class DevicePreparation:
             f"{self.budget.free / g:.1f} GiB free before the pool x {self.budget.fraction}; max concurrency "
             f"{p.max_concurrency(p.max_seq_len, self.costs.page_size)} at {p.max_seq_len} tokens"
             + "".join(f"; {n}" for n in p.notes)
-            + f"; GDN prefill groups of up to {self.gdn_group_tokens or prefill_groups.GROUP_TOKENS} tokens"
+            + f"; GDN prefill groups of up to {groups} tokens"
             + f". Warm-up: {self.warmup_compiles} Triton compiles/autotunes in {self.warmup_seconds:.1f} s "
             f"({self.probe_seconds:.1f} s measuring, {self.final_compiles} compiles on the real pool) "
             f"(largest step on the real pool {self.final_peak_bytes / g:.2f} GiB); ready {startup_seconds:.1f} s after start"

@@ -7,8 +7,9 @@ K step's serial chain, which kept that loop from overlapping its loads (decode i
 One program quantises a [rows, 128] tile (rows tokens, one group): at prefill sizes a program per
 (token, group) spent its time launching 128-element programs, ~8x slower than the bytes allow, so
 from 512 tokens a tile holds ROWS. Decode batches take DECODE_ROWS: on the H200 in CUDA graphs
-(benchmarks/bench_quantiser_tiles.py, docs/benchmarks.md, 2026-12-04) 32-row tiles took 6.6 us at 200 tokens x 2048 and 4-row tiles
-2.9 us, 3.3 -> 2.8 us at 64 tokens (200 calls a 35B decode step: 0.75 ms of 25). Fewer tokens than
+(benchmarks/bench_quantiser_tiles.py, docs/benchmarks.md, 2026-12-04) 32-row tiles took 6.6 us at
+200 tokens x 2048 and 4-row tiles 2.9 us, 3.3 -> 2.8 us at 64 tokens (200 calls a 35B decode step:
+0.75 ms of 25). Fewer tokens than
 that take the next power of two: the masked rows still pay the correctly rounded divisions, which
 made a one-token tile of 32 rows 4.7x slower (6.6 vs 1.4 us; 2 ms of a 48-layer decode step at B=1).
 
