@@ -5,8 +5,9 @@
 For Qwen3.5-35B-A3B's and 122B's full-attention shapes (16 or 32 query heads over 2 KV heads, head
 dim 256, bf16, pages of 64 tokens) and each prefill step (BxN@P: B requests of N new tokens after
 P cached ones, as prefill_steps.py writes them), it times kernels/paged_attention.paged_extend with
-every tiling in TILINGS and the default, after checking each tiling against a float32 reference on a
-small ragged batch, and times torch's scaled_dot_product_attention (flash and cuDNN backends) on the
+every tiling in TILINGS and the default (whole-page K/V tiles through TMA where the kernel takes
+them, and the default once more on pointer loads), after checking each against a float32 reference
+on a small ragged batch, and times torch's scaled_dot_product_attention (flash and cuDNN backends) on the
 same work laid out contiguously (KV heads repeated to the query heads, causal aligned to the end):
 the anchor every ratio below is of, measured in the same run. TFLOP/s count QK^T and PV only
 (prefill_steps.attention_flops). Prints tables; writes bench_extend_attention.json under $OUT.
@@ -32,6 +33,7 @@ DIM = 256
 MODELS = {"Qwen3.5-35B-A3B": (16, 2), "Qwen3.5-122B-A10B": (32, 2)}  # (query heads, KV heads)
 # (block_m, block_n, num_warps, num_stages): query rows (tokens x heads of a group) and keys per
 # tile; shared memory holds num_stages K and V tiles of block_n x 256 bf16 (32 KB each at 64).
+Tiling = tuple[int, int, int, int] | None  # None: extend_tiling's
 TILINGS = [
     (128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 3), (128, 32, 8, 2), (128, 128, 8, 1), (64, 64, 4, 2),
     (64, 32, 4, 3), (64, 64, 8, 2),
@@ -74,7 +76,7 @@ def reference(q, k, v, pages, prefix: list[int], extend: list[int]) -> torch.Ten
     return torch.cat(outs)
 
 
-def check(tiling: tuple[int, int, int, int] | None, heads: int, kv_heads: int) -> float:
+def check(tiling: Tiling, tma: bool | None, heads: int, kv_heads: int) -> float:
     """Largest error relative to the reference's largest value, on a ragged batch over page edges."""
     prefix, extend = [0, 17, 64, 250, 1000], [70, 5, 64, 130, 300]
     width = -(-max(p + n for p, n in zip(prefix, extend)) // PAGE)
@@ -85,7 +87,7 @@ def check(tiling: tuple[int, int, int, int] | None, heads: int, kv_heads: int) -
     cu = torch.tensor([0, *torch.tensor(extend).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     lens = torch.tensor([p + n for p, n in zip(prefix, extend)], dtype=torch.int32, device="cuda")
     rows = torch.arange(len(prefix), dtype=torch.int32, device="cuda")
-    out = paged_extend(q, k, v, pages, rows, lens, cu, max(extend), PAGE, DIM**-0.5, tiling=tiling)
+    out = paged_extend(q, k, v, pages, rows, lens, cu, max(extend), PAGE, DIM**-0.5, tiling=tiling, tma=tma)
     ref = reference(q, k, v, pages, prefix, extend)
     return ((out.float() - ref).abs().max() / ref.abs().max()).item()
 
@@ -101,14 +103,15 @@ def anchor_us(step: PrefillStep, heads: int, kv_heads: int, backend: SDPBackend)
         return median_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), 20, 200)
 
 
-def rows_for(model: str, steps: list[PrefillStep], tilings: list[tuple[int, int, int, int] | None]) -> list[dict]:
+def rows_for(model: str, steps: list[PrefillStep], variants: list[tuple[Tiling, bool | None]]) -> list[dict]:
+    """variants: (tiling, tma) pairs; tma None is paged_extend's choice, False pointer loads."""
     heads, kv_heads = MODELS[model]
     errors = {}
-    for tiling in tilings:
+    for variant in variants:
         try:
-            errors[tiling] = check(tiling, heads, kv_heads)
+            errors[variant] = check(*variant, heads, kv_heads)
         except Exception as e:  # noqa: BLE001 - a tiling the compiler refuses is reported, not fatal
-            errors[tiling] = f"{type(e).__name__}: {str(e)[:80]}"
+            errors[variant] = f"{type(e).__name__}: {str(e)[:80]}"
     out = []
     for step in steps:
         flops = heads * attention_flops(1, DIM, step.tokens, step.prefix) * step.requests
@@ -121,18 +124,21 @@ def rows_for(model: str, steps: list[PrefillStep], tilings: list[tuple[int, int,
         best_anchor = min(anchors.values()) if anchors else None
         args = paged_setup(step, heads, kv_heads)
         q, k, v, pages, rows, lens, cu = args
-        for tiling in tilings:
-            row = {"model": model, "step": str(step), "tiling": str(tiling or f"default {extend_tiling(heads // kv_heads, DIM, 2)}")}
-            if isinstance(errors[tiling], str):
-                out.append({**row, "error": errors[tiling]})
+        for variant in variants:
+            tiling, tma = variant
+            row = {"model": model, "step": str(step),
+                   "tiling": str(tiling or f"default {extend_tiling(heads // kv_heads, DIM, 2)}"),
+                   "loads": "pointers" if tma is False else "TMA where it fits"}
+            if isinstance(errors[variant], str):
+                out.append({**row, "error": errors[variant]})
                 continue
             try:
                 us = median_us(lambda: paged_extend(q, k, v, pages, rows, lens, cu, step.tokens, PAGE, DIM**-0.5,
-                                                     tiling=tiling), 20, 200)
+                                                     tiling=tiling, tma=tma), 20, 200)
             except Exception as e:  # noqa: BLE001
                 out.append({**row, "error": f"{type(e).__name__}: {str(e)[:80]}"})
                 continue
-            row.update({"max rel err": errors[tiling], "ms": us / 1e3, "TFLOP/s": flops / us / 1e6})
+            row.update({"max rel err": errors[variant], "ms": us / 1e3, "TFLOP/s": flops / us / 1e6})
             for name, a in anchors.items():
                 row[f"SDPA {name} ms"] = a / 1e3
             if best_anchor:
@@ -148,15 +154,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", default="16x1024@16384,16x1024,2x8192@8192")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--quick", action="store_true", help="the default tiling only")
+    ap.add_argument("--quick", action="store_true", help="the default tiling only (TMA and pointers)")
     args = ap.parse_args()
     torch.manual_seed(0)
     steps = [PrefillStep.parse(s) for s in args.steps.split(",")]
-    tilings: list[tuple[int, int, int, int] | None] = [None] + ([] if args.quick else TILINGS)
+    variants = [(None, None), (None, False)] + ([] if args.quick else [(t, None) for t in TILINGS])
     result: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
     for model in args.models.split(","):
         try:
-            result["rows"] += rows_for(model, steps, tilings)
+            result["rows"] += rows_for(model, steps, variants)
         except Exception:  # noqa: BLE001 - keep the other model's figures
             traceback.print_exc()
         if os.environ.get("OUT"):

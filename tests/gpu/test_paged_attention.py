@@ -13,7 +13,7 @@ from minisgl.attention.registry import ATTENTION_BACKENDS
 from minisgl.attention.torch_backend import TorchAttentionBackend
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kernels.fp8_format import FP8_DTYPE
-from minisgl.kernels.paged_attention import paged_decode, paged_extend
+from minisgl.kernels.paged_attention import extend_tiling, extend_tma_fits, paged_decode, paged_extend
 
 pytestmark = pytest.mark.gpu
 
@@ -82,26 +82,41 @@ def test_paged_decode_padding_rows() -> None:
     assert (out[2] == 0).all()
 
 
+def extend_or_refusal(pool: PagedKV, q: torch.Tensor, batch: ForwardBatch, extend: list[int], tma: bool):
+    """paged_extend's output with TMA on or off; None where TMA was asked for and the caches cannot
+    take it, after checking that paged_extend refuses rather than reading tiles that span pages."""
+    heads, dim = q.shape[1:]
+    block_n = extend_tiling(heads // pool.k_cache.shape[1], dim, q.element_size())[1]
+    args = (q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
+            max(extend), pool.page_size, dim**-0.5)
+    if tma and not extend_tma_fits(pool.k_cache, pool.page_size, block_n):
+        assert pool.page_size % block_n, "these configs' caches fit TMA but for tiles spanning pages"
+        with pytest.raises(ValueError, match="TMA"):
+            paged_extend(*args, tma=True)
+        return None
+    return paged_extend(*args, out=poisoned(*q.shape, dtype=q.dtype), tma=tma)
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("config", CONFIGS)
-def test_paged_extend(config: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+def test_paged_extend(config: tuple[int, int, int, int], dtype: torch.dtype, tma: bool) -> None:
     heads, kv_heads, dim, page_size = config
     prefix = [0, 0, 17, 64, 250, 3]
     extend = [1, 70, 5, 64, 130, 1]  # fresh prefills, chunked extends over a cached prefix, decodes mixed in
     pool = paged_pool(kv_heads, dim, page_size, 512, dtype)
     batch, (q, _, _), ref = run_reference(pool, prefix, extend, heads, dtype)
     k_before = pool.k_cache.clone()
-    out = paged_extend(
-        q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
-        max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=dtype),
-    )
-    assert_close(out, ref, TOL[dtype], "extend output")
+    out = extend_or_refusal(pool, q, batch, extend, tma)
+    if out is not None:
+        assert_close(out, ref, TOL[dtype], "extend output")
     assert torch.equal(pool.k_cache, k_before), "extend wrote the cache"
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("page_size", [16, 64])
-def test_paged_extend_long_prefix(page_size: int, dtype: torch.dtype) -> None:
+def test_paged_extend_long_prefix(page_size: int, dtype: torch.dtype, tma: bool) -> None:
     """Long cached prefixes, so most key tiles take the unmasked loop (one page lookup a tile at
     pages of 64, per-key lookups at 16), with cached keys scaled by a log-normal factor a row so the
     running max jumps by large steps at random tiles."""
@@ -110,11 +125,9 @@ def test_paged_extend_long_prefix(page_size: int, dtype: torch.dtype) -> None:
     pool = paged_pool(kv_heads, dim, page_size, 2048, dtype)
     pool.k_cache.mul_(torch.exp(1.5 * torch.randn(pool.k_cache.shape[0], 1, 1, device=DEVICE)).to(dtype))
     batch, (q, _, _), ref = run_reference(pool, prefix, extend, heads, dtype)
-    out = paged_extend(
-        q, pool.k_cache, pool.v_cache, pool.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
-        max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=dtype),
-    )
-    assert_close(out, ref, TOL[dtype], "extend output over a long prefix")
+    out = extend_or_refusal(pool, q, batch, extend, tma)
+    if out is not None:
+        assert_close(out, ref, TOL[dtype], "extend output over a long prefix")
 
 
 @pytest.mark.parametrize("decode", [True, False])

@@ -6,7 +6,9 @@ K/V must already be in the cache: both kernels read every key, cached or new, fr
 
 A program serves one KV head and all GROUP = Hq / Hkv query heads that share it, so each K/V tile
 is loaded once per program and feeds a [rows, BLOCK_N] tensor-core product. Softmax runs in base 2
-with the scale folded into log2(e). A cache in another dtype than q (FP8 codes with a scale of 1,
+with the scale folded into log2(e). On Hopper the extend kernel reads whole-page K/V tiles through
+TMA descriptors (its masked tiles, at most a block's own span, keep pointer loads, which zero the
+keys past a request's length). A cache in another dtype than q (FP8 codes with a scale of 1,
 --kv-cache-dtype fp8_e4m3) is converted to q's dtype as its tiles load: half the bytes read.
 """
 from __future__ import annotations
@@ -58,13 +60,17 @@ def _unmasked_softmax_step(s, v, m, l, acc, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _page_tile(cache, table_ptr, row, start, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, kv_head,
-               stride_t, stride_h, od, dmask, EVEN_D: tl.constexpr):
+def _page_tile(cache, desc, table_ptr, row, start, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, kv_head,
+               stride_t, stride_h, od, dmask, D: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
     """[BLOCK_N, BLOCK_D] keys or values at positions start .. start + BLOCK_N, all of them below the
     request's length, so nothing is masked but the head dimension's padding. When the tile lies in
     one page (PAGE_SIZE a multiple of BLOCK_N, start a multiple of BLOCK_N) one table entry gives
-    its rows, which are then contiguous."""
+    its rows, which are then contiguous: with TMA, one copy from `desc`, a descriptor over the cache
+    as [positions, Hkv * D] in [BLOCK_N, D] boxes."""
     n = tl.arange(0, BLOCK_N)
+    if TMA:
+        page = tl.load(table_ptr + row + start // PAGE_SIZE)
+        return desc.load([page * PAGE_SIZE + start % PAGE_SIZE, kv_head * D])
     if PAGE_SIZE % BLOCK_N == 0:
         page = tl.load(table_ptr + row + start // PAGE_SIZE).to(tl.int64)
         loc = page * PAGE_SIZE + start % PAGE_SIZE + n
@@ -149,11 +155,11 @@ def _combine_splits_kernel(
 
 @triton.jit
 def _paged_extend_kernel(
-    q_ptr, k_cache, v_cache, table_ptr, rows_ptr, seqlen_ptr, cu_ptr, out_ptr,
+    q_ptr, k_cache, v_cache, k_desc, v_desc, table_ptr, rows_ptr, seqlen_ptr, cu_ptr, out_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_table, qk_scale,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, BLOCK_M: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     # Rows of the query tile are (token, head-in-group) pairs: TOKENS tokens x GROUP heads. Blocks
     # run last first: the last tokens of a fresh prompt see the most keys, so the longest programs
@@ -187,13 +193,14 @@ def _paged_extend_kernel(
     # Key tiles wholly at or before the block's first query position need no causal mask and lie
     # inside the request: no masks, one page lookup a tile. The rest (at most the block's own
     # tokens' span, rounded out to tiles) take the masked step.
-    full_end = (prefix + block * TOKENS + 1) // BLOCK_N * BLOCK_N
+    # int32 positions: TMA takes int32 coordinates (a cache holds fewer than 2^31 positions).
+    full_end = ((prefix + block * TOKENS + 1) // BLOCK_N * BLOCK_N).to(tl.int32)
     for start in range(0, full_end, BLOCK_N):
-        k = _page_tile(k_cache, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_kt, stride_kh, od, dmask,
-                       D == BLOCK_D)
+        k = _page_tile(k_cache, k_desc, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_kt, stride_kh,
+                       od, dmask, D, D == BLOCK_D, TMA)
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
-        v = _page_tile(v_cache, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_vt, stride_vh, od, dmask,
-                       D == BLOCK_D).to(q.dtype)
+        v = _page_tile(v_cache, v_desc, table_ptr, row, start, PAGE_SIZE, BLOCK_N, kv_head, stride_vt, stride_vh,
+                       od, dmask, D, D == BLOCK_D, TMA).to(q.dtype)
         m, l, acc = _unmasked_softmax_step(s, v, m, l, acc, qk_scale, PRECISION)
     end = tl.minimum(prefix + (block + 1) * TOKENS, seq_len)
     for start in range(full_end, end, BLOCK_N):
@@ -233,6 +240,27 @@ def _fit_block_n(block_n: int, block_d: int, itemsize: int, num_stages: int) -> 
     while block_n > 16 and 2 * num_stages * block_n * block_d * itemsize > _TILE_SMEM_BYTES:
         block_n //= 2
     return block_n
+
+
+def extend_tma_fits(cache: torch.Tensor, page_size: int, block_n: int) -> bool:
+    """Whether the extend kernel can read `cache`'s whole-page key or value tiles through TMA: tiles
+    inside one page, whole power-of-two heads, the cache contiguous with 16-byte aligned rows."""
+    positions, kv_heads, dim = cache.shape
+    return (page_size % block_n == 0 and dim == triton.next_power_of_2(dim) and cache.is_contiguous()
+            and kv_heads * dim * cache.element_size() % 16 == 0 and cache.data_ptr() % 16 == 0
+            and positions < 2**31)
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _cache_descriptor(cache: torch.Tensor, block_n: int) -> object:
+    """A TMA descriptor over the cache as [positions, Hkv * D], in [block_n, D] boxes (one head's tile)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(cache.view(cache.shape[0], -1), [block_n, cache.shape[2]])
 
 
 @functools.cache
@@ -316,10 +344,13 @@ def paged_extend(
     scale: float,
     out: torch.Tensor | None = None,
     tiling: tuple[int, int, int, int] | None = None,
+    tma: bool | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D] varlen (cu_seqlens [B+1]); request i's queries sit at the last
     extend_i positions of its seq_lens[i] tokens and attend causally to all of them -> [T, Hq, D].
-    `tiling` (block_m, block_n, num_warps, num_stages) overrides extend_tiling's (benchmarks)."""
+    `tiling` (block_m, block_n, num_warps, num_stages) overrides extend_tiling's (benchmarks).
+    `tma`: whole-page K/V tiles through TMA (None: where the caches allow it on Hopper and later,
+    1.09-1.18x on the H200 at Qwen3.5's prefill steps, docs/benchmarks.md; True: required)."""
     group, kv_heads, precision = _check_shapes(q, k_cache, page_table)
     dim = q.shape[2]
     # An FP8 cache's tiles become q's dtype in registers: q's width picks the tiling.
@@ -327,15 +358,21 @@ def paged_extend(
     block_m, block_n, num_warps, num_stages = tiling or extend_tiling(group, dim, itemsize)
     if block_m < group:
         raise ValueError(f"paged_extend: block_m {block_m} must hold a whole query group of {group} heads")
+    fits = all(extend_tma_fits(c, page_size, block_n) for c in (k_cache, v_cache))
+    if tma and not fits:
+        raise ValueError(f"paged_extend: caches {tuple(k_cache.shape)} in pages of {page_size} cannot be read "
+                         f"through TMA in tiles of {block_n} keys (see extend_tma_fits)")
+    use_tma = fits and (_has_tma(q.device) if tma is None else tma)
+    k_desc, v_desc = (_cache_descriptor(c, block_n) if use_tma else c for c in (k_cache, v_cache))
     tokens_per_block = block_m // group
     out = torch.empty_like(q) if out is None else out
     grid = (triton.cdiv(max_extend, tokens_per_block), kv_heads, cu_seqlens.shape[0] - 1)
     _paged_extend_kernel[grid](
-        q, k_cache, v_cache, page_table, table_rows, seq_lens, cu_seqlens, out,
+        q, k_cache, v_cache, k_desc, v_desc, page_table, table_rows, seq_lens, cu_seqlens, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), page_table.stride(0), scale * _LOG2E,
         PAGE_SIZE=page_size, GROUP=group, TOKENS=tokens_per_block, BLOCK_M=block_m, D=dim,
-        BLOCK_D=triton.next_power_of_2(dim), BLOCK_N=block_n, PRECISION=precision,
+        BLOCK_D=triton.next_power_of_2(dim), BLOCK_N=block_n, PRECISION=precision, TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
