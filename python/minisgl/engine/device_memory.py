@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from dataclasses import dataclass
@@ -175,19 +176,31 @@ def prepare_on_device(
     largest = largest_prefill(max_prefill_tokens, args.chunked_prefill_size, table_len)
     step_peak = max(step_peak, peak_bytes(lambda: run([largest]), segments=True))
 
-    def wide_peak(bound: int) -> int:
-        """The peak of the steps whose GDN groups grow most with `bound`: the most tokens, and the
-        most requests (each gathers and scatters its state) that many tokens can come in."""
+    @contextlib.contextmanager
+    def groups_of(bound: int):  # noqa: ANN202 - a context manager
         nonlocal group_tokens
         group_tokens = bound
         try:
-            return max(peak_bytes(lambda: run([shape]), segments=True)
-                       for shape in {largest, most_requests(max_prefill_tokens, table_len)})
+            yield
         finally:
             group_tokens = None
 
+    def wide_peak(bound: int) -> int:
+        """The peak of the steps whose GDN groups grow most with `bound`: the most tokens, and the
+        most requests (each gathers and scatters its state) that many tokens can come in."""
+        with groups_of(bound):
+            return max(peak_bytes(lambda: run([shape]), segments=True)
+                       for shape in {largest, most_requests(max_prefill_tokens, table_len)})
+
     gdn_groups, step_peak = _gdn_group_tokens(wide_peak, step_peak, max_prefill_tokens,
                                               torch.cuda.mem_get_info()[1] - weights, parallel, device)
+    if gdn_groups is not None:
+        # fla specialises on a group's size (its L2 norm on tokens x heads / 65536, 1-4 variants at
+        # 16K-token groups of 16 heads): under whole-step groups each step size is a new group size,
+        # so the ladder runs again with them, or the server compiles as its steps grow.
+        with groups_of(gdn_groups):
+            step_peak = max(step_peak, peak_bytes(lambda: run(prefill_shapes(
+                max_prefill_tokens, args.chunked_prefill_size, table_len))))
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy
