@@ -14,6 +14,7 @@ from minisgl.attention.torch_backend import TorchAttentionBackend
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kernels.fp8_format import FP8_DTYPE
 from minisgl.kernels.paged_attention import extend_tiling, extend_tma_fits, paged_decode, paged_extend
+from minisgl.kvcache.kv_pool import KVPool
 
 pytestmark = pytest.mark.gpu
 
@@ -128,6 +129,26 @@ def test_paged_extend_long_prefix(page_size: int, dtype: torch.dtype, tma: bool)
     out = extend_or_refusal(pool, q, batch, extend, tma)
     if out is not None:
         assert_close(out, ref, TOL[dtype], "extend output over a long prefix")
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+def test_extend_tma_reads_a_pool_layer(cache_dtype: torch.dtype) -> None:
+    """The pool hands the kernel each layer's caches as views at an offset into one K and one V
+    buffer (kvcache/kv_pool.py); TMA reads them there, bf16 and 1-byte FP8 codes alike."""
+    heads, kv_heads, dim, page_size = CONFIGS[3]
+    prefix, extend = [700, 0, 130], [40, 9, 200]
+    src = paged_pool(kv_heads, dim, page_size, 1024, torch.bfloat16)
+    store = KVPool((0, 1, 2), src.k_cache.shape[0] // page_size, page_size, kv_heads, dim, cache_dtype, DEVICE)
+    k_cache, v_cache = store.layer(1)
+    assert k_cache.data_ptr() != store.k.data_ptr() and v_cache.data_ptr() != store.v.data_ptr()
+    k_cache.copy_(cache_values(src.k_cache * 8, cache_dtype))
+    v_cache.copy_(cache_values(src.v_cache * 8, cache_dtype))
+    layer = PagedKV(k_cache, v_cache, src.page_table, page_size)
+    batch, (q, k, v), _ = run_reference(src, prefix, extend, heads, torch.bfloat16)
+    ref = TorchAttentionBackend().forward(q, k, v, layer, batch, dim**-0.5)  # writes the new K/V into the layer
+    out = paged_extend(q, k_cache, v_cache, src.page_table, batch.table_rows, batch.seq_lens, batch.cu_seqlens,
+                       max(extend), page_size, dim**-0.5, out=poisoned(*q.shape, dtype=q.dtype), tma=True)
+    assert_close(out, ref, TOL[torch.bfloat16], f"extend through TMA over a pool layer of {cache_dtype}")
 
 
 @pytest.mark.parametrize("decode", [True, False])
