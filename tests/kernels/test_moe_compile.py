@@ -126,3 +126,40 @@ def test_align_split_kernels_compile(e_p2: int, block_m: int) -> None:
     for kernel, constexprs in ((moe_align._moe_sort_kernel, sizes), (moe_align._moe_bases_kernel, bases),
                                (moe_align._moe_place_kernel, sizes)):
         assert "tt.store" in _compile_to_ttir(kernel, pointers, constexprs)
+
+
+@pytest.mark.parametrize("name,block_n", [("gate_up", 64), ("down", 128)])
+def test_warp_specialised_loop_splits_the_tile_between_consumers(name: str, block_n: int) -> None:
+    """A warp_specialize tile at 128-row blocks (moe_gemm.WS_BLOCK_M) compiles for sm_90 into a TMA
+    producer and MMA consumers that each take 64 of the rows, not the whole tile (the full pipeline
+    to TTGIR and PTX, ~3 s). Whether it is faster is bench_prefill.py's question."""
+    import triton
+
+    descriptor = lambda rows: f"tensordesc<fp8e4nv[{rows}, {GROUP}]>"  # noqa: E731
+    if name == "gate_up":
+        kernel, descs = _moe_gate_up_large_kernel, dict(x_desc=descriptor(128), w_desc=descriptor(block_n))
+        extra = dict(UP_SCALE_ROW=8, QUANT_H=False)
+    else:
+        kernel, descs = _moe_down_large_kernel, dict(h_desc=descriptor(128), w_desc=descriptor(block_n))
+        extra = {}
+    pointers = _pointers(name, "fp8", False)
+    signature = {p.name: "constexpr" if p.is_constexpr else descs.get(p.name) or
+                 ("*" + pointers[p.name] if p.name.endswith("_ptr") else "i32") for p in kernel.params}
+    constexprs = dict(FP8=True, TMA=True, WS=True, BLOCK_M=128, BLOCK_N=block_n, BLOCK_K=GROUP, EVEN_K=True,
+                      GROUP_M=8, **extra)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=TARGET,
+                              options=dict(num_warps=4, num_stages=3))
+    ttgir = compiled.asm["ttgir"]
+    assert "ttg.warp_specialize" in ttgir
+    dots = [line for line in ttgir.splitlines() if "ttng.warp_group_dot " in line]
+    assert len(dots) == 2 * (2 if name == "gate_up" else 1), "two consumers, each with the tile's dots"
+    assert all(f"-> tensor<64x{block_n}xf32" in line for line in dots), "each consumer: 64 of the 128 rows"
+
+
+def test_grouped_row_copy_compiles() -> None:
+    """kernels/moe_row_gather.py's copy of x's rows into grouped order (what the warp-specialised gate_up reads)."""
+    from minisgl.kernels.moe_row_gather import _gather_rows_kernel
+
+    pointers = dict(x_ptr="fp8e4nv", xs_ptr="fp32", xg_ptr="fp8e4nv", xgs_ptr="fp32", rows_ptr="i32",
+                    block_expert_ptr="i32", block_rows_ptr="i32")
+    assert "tt.store" in _compile_to_ttir(_gather_rows_kernel, pointers, dict(BLOCK_M=128, BLOCK_K=GROUP))
