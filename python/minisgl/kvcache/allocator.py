@@ -28,6 +28,7 @@ class PoolAllocator:
         self._free_slots = list(range(max_running, DUMMY_SLOT, -1))
         self._pages: dict[int, list[int]] = {}
         self._reserved: dict[int, int] = {}
+        self._reserved_total = 0  # sum of _reserved: admission checks read it every step, at hundreds of slots
 
     @property
     def free_slots(self) -> int:
@@ -47,9 +48,9 @@ class PoolAllocator:
 
     @property
     def available_pages(self) -> int:
-        """Free pages not already promised to running requests."""
-        outstanding = sum(self._reserved[s] - len(p) for s, p in self._pages.items())
-        return len(self._free_pages) - outstanding
+        """Free pages not already promised to running requests: each slot holds at most what it
+        reserved, and every page not free is held, so this is total - reserved."""
+        return self.total_pages - self._reserved_total
 
     def can_allocate(self, reserve_tokens: int) -> bool:
         return bool(self._free_slots) and _num_pages(reserve_tokens, self.page_size) <= self.available_pages
@@ -66,6 +67,7 @@ class PoolAllocator:
         slot = self._free_slots.pop()
         self._pages[slot] = []
         self._reserved[slot] = need
+        self._reserved_total += need
         return slot
 
     def ensure_tokens(self, slot: int, tokens: int) -> tuple[int, list[int]]:
@@ -83,7 +85,7 @@ class PoolAllocator:
 
     def free(self, slot: int) -> None:
         pages = self._pages.pop(slot)
-        del self._reserved[slot]
+        self._reserved_total -= self._reserved.pop(slot)
         self._free_pages.extend(reversed(pages))
         self._free_slots.append(slot)
 
@@ -96,6 +98,8 @@ class PoolAllocator:
                 f"page pool corrupt: {len(self._free_pages)} free + {len(held)} held != {self.total_pages} total "
                 f"(or duplicates)"
             )
+        if self._reserved_total != sum(self._reserved.values()):
+            raise AssertionError(f"reserved pages miscounted: {self._reserved_total} != {sum(self._reserved.values())}")
         slots = list(self._pages) + self._free_slots
         if len(slots) != self.max_running or set(slots) != set(range(1, self.max_running + 1)):
             raise AssertionError(
