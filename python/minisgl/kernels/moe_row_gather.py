@@ -4,8 +4,8 @@ accelerator instead of gathering them row by row with pointer loads. Triton 3.6 
 a K loop only when every load in it is a TMA copy (kernels/moe_gemm_large.py), and Hopper's TMA has
 no row gather of its own.
 
-Rows past a block's real ones are written as zero codes with zero scales, so every row of the copy
-is a finite product whatever the kernel reading it masks."""
+Rows past a used block's real ones are written as zero codes with zero scales, so every row that
+gate_up reads is a finite product whatever it masks; unused blocks (run with no K step) are skipped."""
 from __future__ import annotations
 
 import torch
@@ -21,7 +21,9 @@ from minisgl.kernels.moe_blocks import block_rows
 def _gather_rows_kernel(x_ptr, xs_ptr, xg_ptr, xgs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr, top_k, K,
                         stride_xm, stride_xsm, stride_xsk, stride_xgm, stride_xgsm, stride_xgsk,
                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    _, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(0), BLOCK_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(0), BLOCK_M)
+    if expert < 0:  # an unused block: gate_up runs no K step there, so its rows are never read
+        return
     token = (pair // top_k).to(tl.int64)
     pos = pos.to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
@@ -36,7 +38,8 @@ def _gather_rows_kernel(x_ptr, xs_ptr, xg_ptr, xgs_ptr, rows_ptr, block_expert_p
 
 def gather_grouped_rows(xq: torch.Tensor, xs: torch.Tensor, g: ExpertGrouping) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes [max_blocks * block_m, K] in xq's dtype, scales [groups, max_blocks * block_m].t()):
-    grouped position p holds the row of token rows[p] // top_k, or zeros past its block's real rows.
+    grouped position p holds the row of token rows[p] // top_k, or zeros past its block's real rows
+    (unused blocks' rows are left unwritten).
     The scales lie K-step-major, so one K step's scales of a block are contiguous."""
     rows = g.max_blocks * g.block_m
     k = xq.shape[1]

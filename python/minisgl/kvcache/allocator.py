@@ -98,6 +98,8 @@ class PoolAllocator:
                 f"page pool corrupt: {len(self._free_pages)} free + {len(held)} held != {self.total_pages} total "
                 f"(or duplicates)"
             )
+        if any(len(pages) > self._reserved[s] for s, pages in self._pages.items()):
+            raise AssertionError("a slot holds more pages than it reserved")
         if self._reserved_total != sum(self._reserved.values()):
             raise AssertionError(f"reserved pages miscounted: {self._reserved_total} != {sum(self._reserved.values())}")
         slots = list(self._pages) + self._free_slots
