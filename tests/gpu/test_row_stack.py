@@ -1,7 +1,8 @@
-"""The shared expert with its FP8 gate and up projections stacked in one storage (layers/row_stack.py):
-one GEMM over the stack gives what the two layers give alone, on fresh random weights whose 128x128
-block scales differ from block to block (a scale row of the stack read for the wrong layer's rows
-moves outputs by the ratio of two scales, far past the bound).
+"""Layers stacked in one storage (layers/row_stack.py) give what the layers give alone: the shared
+expert's FP8 gate and up on fresh random weights whose 128x128 block scales differ from block to
+block (a scale row of the stack read for the wrong layer's rows moves outputs by the ratio of two
+scales, far past the bound); and a model's mixers, attention's FP8 q, k and v and GDN's BF16 b and
+a, whose outputs are strided column blocks of one tensor that the kernels after them read in place.
 
 Bound, as max |err| / max |ref|: 1e-2 (EMULATED of test_fp8_linear.py): the stack and the layers
 run the same kernels on the same FP8 operands, but a GEMM over 2I rows may split K differently from
@@ -53,6 +54,37 @@ def test_stacked_gate_up_matches_the_layers(tokens: int, hidden: int, intermedia
     out = expert(x)
     assert out.shape == ref.shape and torch.isfinite(out).all()
     assert rel_err(out, ref) <= EMULATED
+
+
+def _logits(engine: object, prompts: list[list[int]]) -> torch.Tensor:
+    """Last-token logits of one prefill step over fresh slots (the GDN states start from zero)."""
+    slots = [engine.pool.allocate(len(p)) for p in prompts]
+    for slot, p in zip(slots, prompts):
+        engine.pool.ensure_tokens(slot, len(p))
+    logits = engine.forward_batch(engine.make_batch(prompts, [0] * len(prompts), slots)).float()
+    for slot in slots:
+        engine.pool.free(slot)
+    return logits
+
+
+def test_stacked_mixer_projections_match_the_layers(tiny_checkpoints: dict[str, str]) -> None:
+    from minisgl import LLM
+
+    torch.manual_seed(7)
+    with LLM(tiny_checkpoints["fp8"], device="cuda", dtype="bfloat16", page_size=16, context_length=256,
+             max_running_requests=4, disable_cuda_graph=True) as llm:
+        engine = llm.engine
+        attention = [layer.self_attn for layer in engine.model.layers if hasattr(layer, "self_attn")]
+        gdn = [layer.linear_attn for layer in engine.model.layers if hasattr(layer, "linear_attn")]
+        assert all(a.qkv is not None for a in attention) and all(g.gates is not None for g in gdn)
+        prompts = [torch.randint(3, 400, (n,)).tolist() for n in (37, 5, 90)]
+        stacked = _logits(engine, prompts)
+        for a in attention:
+            a.qkv = None
+        for g in gdn:
+            g.gates = None
+        alone = _logits(engine, prompts)
+    assert torch.isfinite(stacked).all() and rel_err(stacked, alone) <= EMULATED
 
 
 def test_layers_not_of_whole_blocks_stay_apart() -> None:

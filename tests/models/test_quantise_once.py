@@ -17,6 +17,7 @@ from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
 from minisgl.kernels.activations import Activations, tensor
 from minisgl.layers.fp8 import quantize_block_fp8
 from minisgl.layers.linear import Linear
+from minisgl.layers.row_stack import RowStack
 from minisgl.models.materialize import keeps_bf16
 from minisgl.moe.local_moe import LocalMoE
 
@@ -76,9 +77,36 @@ class _CountingExperts:
         return self.inner.forward(tensor(x), *args, **kwargs)
 
 
+class _CountingStack:
+    """A row stack (layers/row_stack.py) holding a layer the checkpoint keeps in FP8: asks for its
+    input's codes as the stacked FP8 GEMM does."""
+
+    def __init__(self, stack: RowStack) -> None:
+        self.stack = stack
+
+    def __call__(self, x: torch.Tensor | Activations) -> list[torch.Tensor]:
+        Activations.of(x).fp8()
+        return self.stack(tensor(x))
+
+
+def _count_stacks(model: nn.Module, quant: object) -> None:
+    """Wrap each row stack that holds an FP8 layer (a child Linear whose weight lives in its storage)."""
+    for name, module in model.named_modules():
+        for attr, stack in list(vars(module).items()):
+            if not isinstance(stack, RowStack):
+                continue
+            storage = stack.weight.untyped_storage().data_ptr()
+            held = [child for child, layer in module.named_children()
+                    if isinstance(layer, Linear) and layer.weight.untyped_storage().data_ptr() == storage]
+            assert held, f"{name}.{attr}: a stack with no layer"
+            if any(not keeps_bf16(f"{name}.{child}", quant) for child in held):
+                setattr(module, attr, _CountingStack(stack))
+
+
 def test_each_input_is_quantised_once_per_forward(tiny_checkpoints: dict[str, str], quantised: list[torch.Tensor]) -> None:
     engine = LLM(tiny_checkpoints["fp8"], dtype="float32", **CPU).engine
     model, quant = engine.model, engine.config.quant
+    _count_stacks(model, quant)
     for name, module in list(model.named_modules()):
         if isinstance(module, Linear) and not keeps_bf16(name, quant):
             parent, _, child = name.rpartition(".")

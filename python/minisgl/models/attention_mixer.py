@@ -13,6 +13,7 @@ from minisgl.attention.paged_kv import PagedKV
 from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
+from minisgl.layers.row_stack import RowStack, row_stack_fits
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
@@ -42,19 +43,28 @@ class Attention(nn.Module):
         self.k_proj = column_parallel(h, full_kv * d, *kv_range)
         self.v_proj = column_parallel(h, full_kv * d, *kv_range)
         self.o_proj = row_parallel(full_q * d, h, *(((h0 * d, h1 * d),) if sharded else ()))
+        self.qkv: RowStack | None = None  # q's, k's and v's weights in one storage (stack_rows)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.k_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary = rotary
         self.backend = backend
 
+    def stack_rows(self, device: torch.device) -> None:
+        """Called by materialize once the layers' dtypes are final: q, k and v as one GEMM where their
+        weights can share one storage (layers/row_stack.py): two fewer launches a layer at decode."""
+        if row_stack_fits((self.q_proj, self.k_proj, self.v_proj)):
+            self.qkv = RowStack((self.q_proj, self.k_proj, self.v_proj), device)
+
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         xin = Activations(x)  # q, k and v's one input, quantised once on FP8 weights
-        q = self.q_proj(xin).view(t, self.num_heads, -1)
+        # Stacked, each output is a column block of one [T, q + k + v] tensor: rows strided, read in place.
+        q, k, v = (self.q_proj(xin), self.k_proj(xin), self.v_proj(xin)) if self.qkv is None else self.qkv(xin)
+        q = q.view(t, self.num_heads, -1)
         q, gate = q.split(d, dim=-1) if self.gated else (q, None)  # strided views of [query | gate]
         q = self.rotary.apply_normed(q, self.q_norm, ctx.cos, ctx.sin)
-        k = self.rotary.apply_normed(self.k_proj(xin).view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
-        v = self.v_proj(xin).view(t, self.num_kv_heads, d)
+        k = self.rotary.apply_normed(k.view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
+        v = v.view(t, self.num_kv_heads, d)
         o = ctx.mixer_core(self._attend, q, k, v)
         if gate is not None:
             o = _output_gate(o, gate)
