@@ -72,7 +72,8 @@ def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False, ws: bool = False) -> dict[str, object]:
+def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False,
+           ws: bool = False) -> dict[str, object]:
     return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma,
                 warp_specialize=ws)
 

@@ -273,7 +273,8 @@ def gate_up_large(
     if ws:  # the copy has w's K and dtype, so TMA reads it where it reads w
         xq, xs = gather_grouped_rows(xq, xs, g)
     _moe_gate_up_large_kernel[_programs(g, inter, tile)](
-        xq, _descriptor(xq, g.block_m, ws), xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
+        xq, _descriptor(xq, g.block_m, ws), xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale,
+        g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
@@ -299,6 +300,6 @@ def down_large(
         g.rows, g.block_expert, g.block_rows, g.max_blocks, n, k,
         hq.stride(0), hs.stride(0), hs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
-        FP8=fp8, TMA=tma, WS=tma and tile.warp_specialize, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
-        GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        FP8=fp8, TMA=tma, WS=tma and tile.warp_specialize, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP,
+        EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
