@@ -96,14 +96,33 @@ class _FP8ActivationExperts:
         return out if shared is None else shared.add_to(out)
 
 
+def fp8_stacks(model: nn.Module, quant: QuantConfig) -> list[tuple[nn.Module, str]]:
+    """(module, attribute) of every row stack (layers/row_stack.py) whose layers the checkpoint holds
+    in FP8: the child Linears whose weights live in the stack's storage. A stack holds FP8 layers or
+    BF16 ones, never both, as on the GPU."""
+    found = []
+    for name, module in model.named_modules():
+        for attr, stack in vars(module).items():
+            if not isinstance(stack, RowStack):
+                continue
+            storage = stack.weight.untyped_storage().data_ptr()
+            held = [f"{name}.{child}" for child, layer in module.named_children()
+                    if isinstance(layer, Linear) and layer.weight.untyped_storage().data_ptr() == storage]
+            fp8 = {not keeps_bf16(layer, quant) for layer in held}
+            assert len(held) == len(stack.rows) and len(fp8) == 1, f"{name}.{attr} holds {held}"
+            if fp8 == {True}:
+                found.append((module, attr))
+    return found
+
+
 def emulate_fp8_activations(model: nn.Module, quant: QuantConfig) -> None:
     """Make a dequantised (CPU) model round its activations the way the FP8 kernels do, before every
-    linear layer the checkpoint holds in FP8 and before both expert GEMMs."""
+    linear layer the checkpoint holds in FP8, stacked or not, and before both expert GEMMs."""
+    for module, attr in fp8_stacks(model, quant):
+        setattr(module, attr, _FP8ActivationStack(getattr(module, attr)))
     for name, module in list(model.named_modules()):
         if isinstance(module, Linear) and not keeps_bf16(name, quant):
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent), child, _FP8ActivationLinear(module))
         elif isinstance(module, LocalMoE):
             module.backend = _FP8ActivationExperts()
-        elif isinstance(getattr(module, "gate_up", None), RowStack):  # the shared expert's gate and up, stacked
-            module.gate_up = _FP8ActivationStack(module.gate_up)

@@ -57,14 +57,17 @@ def test_stacked_gate_up_matches_the_layers(tokens: int, hidden: int, intermedia
 
 
 def _logits(engine: object, prompts: list[list[int]]) -> torch.Tensor:
-    """Last-token logits of one prefill step over fresh slots (the GDN states start from zero)."""
-    slots = [engine.pool.allocate(len(p)) for p in prompts]
+    """Last-token logits of a prefill step over fresh slots (the GDN states start from zero), then of
+    a decode step after it (the decode kernels read the stacked b and a too)."""
+    slots = [engine.pool.allocate(len(p) + 1) for p in prompts]
     for slot, p in zip(slots, prompts):
-        engine.pool.ensure_tokens(slot, len(p))
-    logits = engine.forward_batch(engine.make_batch(prompts, [0] * len(prompts), slots)).float()
+        engine.pool.ensure_tokens(slot, len(p) + 1)
+    prefill = engine.forward_batch(engine.make_batch(prompts, [0] * len(prompts), slots)).float()
+    nxt = [[int(t)] for t in prefill.argmax(-1)]
+    decode = engine.forward_batch(engine.make_batch(nxt, [len(p) for p in prompts], slots)).float()
     for slot in slots:
         engine.pool.free(slot)
-    return logits
+    return torch.cat([prefill, decode])
 
 
 def test_stacked_mixer_projections_match_the_layers(tiny_checkpoints: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.fp8_refs import fp8_stacks
 from minisgl import LLM
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
 from minisgl.kernels.activations import Activations, tensor
@@ -89,24 +90,11 @@ class _CountingStack:
         return self.stack(tensor(x))
 
 
-def _count_stacks(model: nn.Module, quant: object) -> None:
-    """Wrap each row stack that holds an FP8 layer (a child Linear whose weight lives in its storage)."""
-    for name, module in model.named_modules():
-        for attr, stack in list(vars(module).items()):
-            if not isinstance(stack, RowStack):
-                continue
-            storage = stack.weight.untyped_storage().data_ptr()
-            held = [child for child, layer in module.named_children()
-                    if isinstance(layer, Linear) and layer.weight.untyped_storage().data_ptr() == storage]
-            assert held, f"{name}.{attr}: a stack with no layer"
-            if any(not keeps_bf16(f"{name}.{child}", quant) for child in held):
-                setattr(module, attr, _CountingStack(stack))
-
-
 def test_each_input_is_quantised_once_per_forward(tiny_checkpoints: dict[str, str], quantised: list[torch.Tensor]) -> None:
     engine = LLM(tiny_checkpoints["fp8"], dtype="float32", **CPU).engine
     model, quant = engine.model, engine.config.quant
-    _count_stacks(model, quant)
+    for module, attr in fp8_stacks(model, quant):
+        setattr(module, attr, _CountingStack(getattr(module, attr)))
     for name, module in list(model.named_modules()):
         if isinstance(module, Linear) and not keeps_bf16(name, quant):
             parent, _, child = name.rpartition(".")

@@ -1,7 +1,6 @@
 """Linear layers that read one input, their weights stacked row-wise in one storage, so that one GEMM
 computes them all: one launch and one pass over the input instead of one per layer (the shared
-expert's gate and up projections, attention's q, k and v, GDN's b and a, or its qkv, b and a where all
-are BF16). In a decode step a GEMM costs ~9 us whatever its few rows
+expert's gate and up projections, attention's q, k and v, GDN's b and a). In a decode step a GEMM costs ~9 us whatever its few rows
 (benchmarks/bench_decode_linear.py), so layers that share their input pay that once. Each output is
 a column block of the GEMM's [T, sum of rows] output: its rows are strided, and the readers take it
 in place.

@@ -58,31 +58,21 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(self.v_dim, config.rms_norm_eps)
         self.out_proj = row_parallel(config.linear_value_dim, h, *value_rows)
         self.backend = backend
-        # What the core reads, as one GEMM where the weights can share one storage (stack_rows):
-        # [qkv | b | a] on BF16 weights; [b | a] where qkv is FP8 and they stay BF16.
-        self.core_inputs: RowStack | None = None
-        self.gates: RowStack | None = None
+        self.gates: RowStack | None = None  # b's and a's weights in one storage (stack_rows)
 
     def stack_rows(self, device: torch.device) -> None:
-        """Called by materialize once the layers' dtypes are final (layers/row_stack.py): a launch or
-        two fewer a layer at decode. z stays apart: computed after the core, it is not held across it."""
-        if row_stack_fits((self.in_proj_qkv, self.in_proj_b, self.in_proj_a)):
-            self.core_inputs = RowStack((self.in_proj_qkv, self.in_proj_b, self.in_proj_a), device)
-        elif row_stack_fits((self.in_proj_b, self.in_proj_a)):
+        """Called by materialize once the layers' dtypes are final: b and a, which FP8 checkpoints keep
+        in BF16, as one GEMM (layers/row_stack.py): a launch fewer a layer at decode. qkv and z stay
+        apart: FP8 where b and a are not (and the CPU, which holds them alike, must round as the GPU
+        does), and z is computed after the core so that it is not held across it."""
+        if row_stack_fits((self.in_proj_b, self.in_proj_a)):
             self.gates = RowStack((self.in_proj_b, self.in_proj_a), device)
-
-    def _core_inputs(self, xin: Activations) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(mixed qkv, a, b): column blocks of one GEMM's output where stacked (rows strided, read in place)."""
-        if self.core_inputs is not None:
-            qkv, b, a = self.core_inputs(xin)
-            return qkv, a, b
-        b, a = (self.in_proj_b(xin), self.in_proj_a(xin)) if self.gates is None else self.gates(xin)
-        return self.in_proj_qkv(xin), a, b
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
         xin = Activations(x)  # the four projections' one input, quantised once on FP8 weights
-        o = ctx.mixer_core(self._mix, *self._core_inputs(xin))
+        b, a = (self.in_proj_b(xin), self.in_proj_a(xin)) if self.gates is None else self.gates(xin)
+        o = ctx.mixer_core(self._mix, self.in_proj_qkv(xin), a, b)  # a, b: strided column blocks if stacked
         # xin (x and its codes) outlives the core: with piecewise graphs, graph-pool memory that no
         # core touches and that the next graph reads, as x alone did before.
         z = self.in_proj_z(xin).reshape(t * self.num_v_heads, self.v_dim)
