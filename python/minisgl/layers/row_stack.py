@@ -1,9 +1,9 @@
 """Linear layers that read one input, their weights stacked row-wise in one storage, so that one GEMM
 computes them all: one launch and one pass over the input instead of one per layer (the shared
-expert's gate and up projections, attention's q, k and v, GDN's b and a). In a decode step a GEMM costs ~9 us whatever its few rows
-(benchmarks/bench_decode_linear.py), so layers that share their input pay that once. Each output is
-a column block of the GEMM's [T, sum of rows] output: its rows are strided, and the readers take it
-in place.
+expert's gate and up projections, attention's q, k and v, GDN's b and a). In a decode step a GEMM
+costs ~9 us whatever its few rows (benchmarks/bench_decode_linear.py), so layers that share their
+input pay that once. Each output is a column block of the GEMM's [T, sum of rows] output: its rows
+are strided, and the readers take it in place.
 
 Each layer keeps its params, under their checkpoint names, as views of the stack, so the loader and
 the dummy initialiser fill them in place as they fill any linear layer, a TP rank's shard and FP8
@@ -41,6 +41,12 @@ class RowStack:
 
             out = fp8_linear(x, self.weight, self.scale)
         return list(out.split(self.rows, dim=-1))
+
+
+def layer_outputs(stack: RowStack | None, layers: Sequence[nn.Module],
+                  x: torch.Tensor | Activations) -> list[torch.Tensor]:
+    """Each layer's output for input x: through the stack where the layers have one, else one by one."""
+    return stack(x) if stack is not None else [layer(x) for layer in layers]
 
 
 def row_stack_fits(layers: Sequence[Linear | Fp8Linear]) -> bool:

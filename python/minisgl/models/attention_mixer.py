@@ -13,7 +13,7 @@ from minisgl.attention.paged_kv import PagedKV
 from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
-from minisgl.layers.row_stack import RowStack, row_stack_fits
+from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
 from minisgl.layers.rotary import RotaryEmbedding
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
@@ -59,7 +59,7 @@ class Attention(nn.Module):
         t, d = x.shape[0], self.head_dim
         xin = Activations(x)  # q, k and v's one input, quantised once on FP8 weights
         # Stacked, each output is a column block of one [T, q + k + v] tensor: rows strided, read in place.
-        q, k, v = (self.q_proj(xin), self.k_proj(xin), self.v_proj(xin)) if self.qkv is None else self.qkv(xin)
+        q, k, v = layer_outputs(self.qkv, (self.q_proj, self.k_proj, self.v_proj), xin)
         q = q.view(t, self.num_heads, -1)
         q, gate = q.split(d, dim=-1) if self.gated else (q, None)  # strided views of [query | gate]
         q = self.rotary.apply_normed(q, self.q_norm, ctx.cos, ctx.sin)

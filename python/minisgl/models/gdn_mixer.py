@@ -17,7 +17,7 @@ from minisgl.kernels.activations import Activations
 from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
-from minisgl.layers.row_stack import RowStack, row_stack_fits
+from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
 from minisgl.parallel.collectives import all_reduce
@@ -71,7 +71,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
         xin = Activations(x)  # the four projections' one input, quantised once on FP8 weights
-        b, a = (self.in_proj_b(xin), self.in_proj_a(xin)) if self.gates is None else self.gates(xin)
+        b, a = layer_outputs(self.gates, (self.in_proj_b, self.in_proj_a), xin)
         o = ctx.mixer_core(self._mix, self.in_proj_qkv(xin), a, b)  # a, b: strided column blocks if stacked
         # xin (x and its codes) outlives the core: with piecewise graphs, graph-pool memory that no
         # core touches and that the next graph reads, as x alone did before.

@@ -10,7 +10,7 @@ from torch import nn
 
 from minisgl.kernels.activations import Activations
 from minisgl.layers.linear import Linear, column_parallel, row_parallel
-from minisgl.layers.row_stack import RowStack, row_stack_fits
+from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
 from minisgl.moe.router import route
 from minisgl.moe.shared_addend import SharedAddend
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -36,7 +36,7 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
         x = Activations.of(x)  # gate and up quantise it once
-        gate, up = (self.gate_proj(x), self.up_proj(x)) if self.gate_up is None else self.gate_up(x)
+        gate, up = layer_outputs(self.gate_up, (self.gate_proj, self.up_proj), x)
         return self.down_proj(F.silu(gate) * up)
 
 
