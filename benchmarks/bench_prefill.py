@@ -320,6 +320,8 @@ def main() -> None:
                     help="comma-separated bounds (>= 1) on the tokens of a GDN chunked-rule group (prefill_groups.py) "
                          "to time each step with (default: the engine's own). Larger groups take more activation "
                          "memory than the engine's planner reserves for")
+    ap.add_argument("--lone-prompts-whole", action="store_true",
+                    help="also time each step with lone prompts run whole, not as halves (prefill_groups.prefill_calls)")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--moe-only", action="store_true", help="the ceiling and the MoE candidates only")
@@ -361,7 +363,8 @@ def main() -> None:
         mixed = [tuple(int(v) for v in m.split("+")) for m in args.mixed.split(",") if m]
         out["model"], out["decode"], out["profile"] = model_rows(args.model, args.layers, steps, decode_batches, ceiling,
                                                                  ceil["copy TB/s"], mixed, args.piecewise_max_tokens,
-                                                                 [int(v) for v in args.gdn_group_tokens.split(",") if v])
+                                                                 [int(v) for v in args.gdn_group_tokens.split(",") if v],
+                                                                 (True, False) if args.lone_prompts_whole else (True,))
         print(out["profile"])
         save()
     print(table([out["ceilings"]], "Ceilings (this run)"))

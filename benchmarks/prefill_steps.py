@@ -5,6 +5,7 @@ with the host's share, against the FLOP roofline; decode steps from the same eng
 where an eager step's host time goes (sync debug mode, cProfile)."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import tempfile
@@ -192,12 +193,12 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
 
 def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
                copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
-               group_tokens: Sequence[int] = (),
+               group_tokens: Sequence[int] = (), halves: Sequence[bool] = (True,),
                ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
     """Prefill steps of the engine (with each of group_tokens as the GDN rule's group bound, or the
-    engine's own), then (same engine, CUDA graphs) decode steps at 1K context timed and rooflined as
-    bench_decode.py does, to show the small-M paths did not regress, then the mixed steps of
-    mixed_rows."""
+    engine's own; lone prompts as halves or whole, for each of `halves`), then (same engine, CUDA
+    graphs) decode steps at 1K context timed and rooflined as bench_decode.py does, to show the
+    small-M paths did not regress, then the mixed steps of mixed_rows."""
     from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
     from minisgl import prefill_groups
     from minisgl.engine.args import EngineArgs
@@ -234,12 +235,15 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
         seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
         flops = model_flops(engine, [n] * b, p)
         roof_ms = flops / (ceiling * 1e9)
-        engine_bound = prefill_groups.GROUP_TOKENS
-        for bound in group_tokens or [engine_bound]:
-            prefill_groups.GROUP_TOKENS = bound  # a batch takes its groups when first used
+        engine_bound, pair_min = prefill_groups.GROUP_TOKENS, prefill_groups.PAIR_MIN_TOKENS
+        for bound, paired in itertools.product(group_tokens or [engine_bound], halves):
+            # a batch takes its calls when first used
+            prefill_groups.GROUP_TOKENS = bound
+            prefill_groups.PAIR_MIN_TOKENS = pair_min if paired else b * n + 1
             try:
                 batch = engine.make_batch(seqs, [p] * b, slots)
                 label = f"{step}" if bound == engine_bound else f"{step}, GDN groups of <= {bound} tokens"
+                label += "" if paired else ", lone prompts whole"
                 for mode, ms, host in step_modes(engine, batch, steps=3):  # each after 3 untimed (compiles, autotuning)
                     rows.append({"layers": layers, "step": f"{label}, {mode}", "tokens": b * n, "step ms": ms,
                                  "host ms": host, "tokens/s": b * n / ms * 1e3,
@@ -247,7 +251,7 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
                                  "vs roofline": roof_ms / ms})
                     print(rows[-1])
             finally:
-                prefill_groups.GROUP_TOKENS = engine_bound
+                prefill_groups.GROUP_TOKENS, prefill_groups.PAIR_MIN_TOKENS = engine_bound, pair_min
         batch = engine.make_batch(seqs, [p] * b, slots)
         # Every step's kernels (long prompts shift time to attention and the delta rule's serial
         # chunks); the first's also by launching operator.

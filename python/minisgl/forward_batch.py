@@ -13,19 +13,32 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.host_copy import to_device
-from minisgl.prefill_groups import prefill_groups
+from minisgl.prefill_groups import Piece, prefill_calls
 
 
 @dataclass(frozen=True)
 class RequestGroup:
-    """Consecutive requests of a batch: its tokens [start, end), their cu_seqlens from 0, slots and
-    lengths."""
+    """One call of the GDN chunked rule over pieces of consecutive requests (prefill_groups.py): its
+    rows [start, end) in the calls' order, the pieces' cu_seqlens from 0, slots and lengths, and
+    `segments`, (row in the step, row in the call, tokens) for each run of the call's rows that is
+    consecutive in the step: where its output goes."""
 
     start: int
     end: int
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
     extend_lens: tuple[int, ...]
+    segments: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class CallOrder:
+    """A step's tokens in its GDN calls' order, where that is not the step's (a pair of halves):
+    `rows` [T] int32, each token's row in that order (the conv writes there); `sources` [T] int64,
+    the step row of each row in that order (the gates are gathered by it)."""
+
+    rows: torch.Tensor
+    sources: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -65,16 +78,50 @@ class ForwardBatch:
         return all(n == 1 for n in self.extend_lens)
 
     @functools.cached_property
+    def _calls(self) -> list[tuple[Piece, ...]]:
+        return prefill_calls(self.extend_lens, self.gdn_group_tokens)
+
+    @functools.cached_property
     def groups(self) -> tuple[RequestGroup, ...]:
-        """The requests in groups for the GDN chunked rule (prefill_groups.py); () when they make
-        one group. Made on first use, from the batch's device tensors without a host copy, and the
-        same objects for every layer of the step."""
-        spans = prefill_groups(self.extend_lens, self.gdn_group_tokens)
-        if len(spans) == 1:
+        """The calls of the GDN chunked rule (prefill_groups.py); () when the step is one call. Made
+        on first use, the same objects for every layer of the step; whole requests' metadata comes
+        from the batch's device tensors without a host copy."""
+        if len(self._calls) == 1:
             return ()
         starts = [0, *itertools.accumulate(self.extend_lens)]
-        return tuple(RequestGroup(starts[i], starts[j], self.cu_seqlens[i : j + 1] - self.cu_seqlens[i],
-                                  self.slots[i:j], self.extend_lens[i:j]) for i, j in spans)
+        groups, row = [], 0
+        for call in self._calls:
+            i, j = call[0].request, call[-1].request + 1
+            lens = tuple(p.length for p in call)
+            if all(p.offset == 0 and p.length == self.extend_lens[p.request] for p in call):
+                cu = self.cu_seqlens[i : j + 1] - self.cu_seqlens[i]
+            else:
+                cu = to_device([0, *itertools.accumulate(lens)], torch.int32, self.cu_seqlens.device)
+            segments: list[tuple[int, int, int]] = []
+            at = 0
+            for p in call:
+                step_row = starts[p.request] + p.offset
+                if segments and segments[-1][0] + segments[-1][2] == step_row:
+                    s, c, n = segments.pop()
+                    segments.append((s, c, n + p.length))
+                else:
+                    segments.append((step_row, at, p.length))
+                at += p.length
+            groups.append(RequestGroup(row, row + at, cu, self.slots[i:j], lens, tuple(segments)))
+            row += at
+        return tuple(groups)
+
+    @functools.cached_property
+    def call_order(self) -> CallOrder | None:
+        """The calls' order of the tokens, None where it is the step's own."""
+        runs = [(s, n) for g in self.groups for s, _, n in g.segments]
+        if all(s == at for (s, _), at in zip(runs, itertools.accumulate((n for _, n in runs), initial=0))):
+            return None
+        sources = torch.cat([torch.arange(s, s + n) for s, n in runs])
+        rows = torch.empty_like(sources)
+        rows[sources] = torch.arange(len(sources))
+        device = self.cu_seqlens.device
+        return CallOrder(to_device(rows, torch.int32, device), to_device(sources, torch.int64, device))
 
     @property
     def prefill_requests(self) -> "ForwardBatch":

@@ -6,11 +6,12 @@ from typing import Sequence
 import torch
 
 
-def to_device(values: Sequence[int] | Sequence[float], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def to_device(values: Sequence[int] | Sequence[float] | torch.Tensor, dtype: torch.dtype,
+              device: torch.device | str) -> torch.Tensor:
     """On CUDA a copy from pageable memory waits for all work queued before it, which would stall
     the step being planned behind the one running; from pinned memory it is asynchronous (the
-    caching host allocator keeps the buffer until the copy is done)."""
-    t = torch.tensor(values, dtype=dtype)
+    caching host allocator keeps the buffer until the copy is done). values: a list or a CPU tensor."""
+    t = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
     if torch.device(device).type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t

@@ -11,13 +11,36 @@ full groups of both kinds (engine/warmup.py). On a GPU an engine may take groups
 budget instead, where that grows the largest steps' measured peak by a small share of its memory
 (engine/device_memory.py): one group then gives fla's recurrence several sequences at once. Its
 batches carry that bound (ForwardBatch.gdn_group_tokens); GROUP_TOKENS stays the default.
+
+A request longer than the bound runs alone, and fla's recurrence then walks its chunks one after
+another with a single sequence's heads over the SMs. Two such requests in a row run instead as two
+calls of both requests' halves (prefill_calls): the recurrence has both sequences' heads at once, as
+in one group of both, and no call holds more tokens than the longer request alone did.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 GROUP_TOKENS = 4096
 GROUP_REQUESTS = 16
+# fla's chunk length. A request cut at multiples of it from its first token is chunked by the rule
+# exactly as when whole, and the state between the calls is the fp32 state fla carries between
+# chunks, so the pieces compute what the whole request would.
+PIECE_ALIGN = 64
+# Two lone requests pair up only when the shorter has at least this many tokens: a pair moves each
+# request's state in and out once more (~10 us a request and layer at 122B shapes), and saves about
+# the shorter one's chunks of sequential recurrence (~3.5 us each: docs/benchmarks.md, 2026-12-04).
+PAIR_MIN_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens [offset, offset + length) of the extend of the batch's request `request`."""
+
+    request: int
+    offset: int
+    length: int
 
 
 def prefill_groups(extend_lens: Sequence[int], max_tokens: int | None = None,
@@ -39,3 +62,45 @@ def prefill_groups(extend_lens: Sequence[int], max_tokens: int | None = None,
     if extend_lens:
         groups.append((start, len(extend_lens)))
     return groups
+
+
+def prefill_calls(extend_lens: Sequence[int], max_tokens: int | None = None,
+                  max_requests: int | None = None) -> list[tuple[Piece, ...]]:
+    """The chunked rule's calls in order, each a tuple of pieces of consecutive requests: the groups
+    of prefill_groups, whole, except that two consecutive groups of one request each become two
+    calls of the two requests' halves (_halves). Every request's pieces come in order."""
+    max_tokens = GROUP_TOKENS if max_tokens is None else max_tokens
+    groups = prefill_groups(extend_lens, max_tokens, max_requests)
+    calls: list[tuple[Piece, ...]] = []
+    i = 0
+    while i < len(groups):
+        pair = _halves(groups[i], groups[i + 1], extend_lens, max_tokens) if i + 1 < len(groups) else None
+        if pair is not None:
+            calls += pair
+            i += 2
+            continue
+        start, end = groups[i]
+        calls.append(tuple(Piece(r, 0, extend_lens[r]) for r in range(start, end)))
+        i += 1
+    return calls
+
+
+def _halves(first: tuple[int, int], second: tuple[int, int], extend_lens: Sequence[int],
+            max_tokens: int) -> list[tuple[Piece, ...]] | None:
+    """Requests a and b, each a group alone, as [a's first half, b's first half] then their second
+    halves, or None: a group of more than one request, a request shorter than PAIR_MIN_TOKENS, or no
+    cuts at PIECE_ALIGN that keep both calls within the bound or the longer request (two of 4097
+    tokens, say). b's cut balances the calls against a's."""
+    (a, a_end), (b, b_end) = first, second
+    if a_end - a != 1 or b_end - b != 1:
+        return None
+    na, nb = extend_lens[a], extend_lens[b]
+    if min(na, nb) < PAIR_MIN_TOKENS:
+        return None
+    cap = max(max_tokens, na, nb)
+    ha = na // 2 // PIECE_ALIGN * PIECE_ALIGN
+    low = ((na + nb) // 2 - ha) // PIECE_ALIGN * PIECE_ALIGN
+    for hb in (low, low + PIECE_ALIGN):
+        if 0 < hb < nb and ha + hb <= cap and na + nb - ha - hb <= cap:
+            return [(Piece(a, 0, ha), Piece(b, 0, hb)), (Piece(a, ha, na - ha), Piece(b, hb, nb - hb))]
+    return None

@@ -8,8 +8,8 @@ import torch
 
 from minisgl import LLM
 from minisgl.forward_batch import ForwardBatch
-from minisgl.prefill_groups import GROUP_REQUESTS, GROUP_TOKENS, prefill_groups
-from grouped_prefill import grouped_against_whole
+from minisgl.prefill_groups import GROUP_REQUESTS, GROUP_TOKENS, PAIR_MIN_TOKENS, PIECE_ALIGN, prefill_calls, prefill_groups
+from grouped_prefill import STEPS, grouped_against_whole
 
 
 def test_groups_cover_every_request_in_order_within_both_bounds() -> None:
@@ -28,17 +28,62 @@ def test_groups_cover_every_request_in_order_within_both_bounds() -> None:
         prefill_groups([1], max_requests=0)
 
 
+def _pieces(calls) -> list[list[tuple[int, int, int]]]:
+    return [[(p.request, p.offset, p.length) for p in call] for call in calls]
+
+
+def test_calls_cover_each_request_in_order_and_never_exceed_what_was_measured() -> None:
+    """Every request's pieces tile its tokens in order, cut at PIECE_ALIGN; a call holds consecutive
+    requests, at most GROUP_REQUESTS, and no more tokens than the bound or the step's longest request
+    (what the unpaired groups held, and what the warm-up measured)."""
+    cases = ([8192, 8192], [8000, 8000], [8191, 8190], [3000] * 6, [100, 5000, 7, 4096, 1], [16384], [1] * 100,
+             [5000, 1023], [4097, 4097, 4097], [1024] * 16, [6000, 2500, 9000])
+    for lens in cases:
+        calls = prefill_calls(lens)
+        done = [0] * len(lens)
+        for call in calls:
+            requests = [p.request for p in call]
+            assert requests == list(range(requests[0], requests[-1] + 1)) and len(call) <= GROUP_REQUESTS
+            assert sum(p.length for p in call) <= max(GROUP_TOKENS, *lens)
+            for p in call:
+                assert p.offset == done[p.request] and p.length > 0 and p.offset % PIECE_ALIGN == 0
+                done[p.request] += p.length
+        assert done == lens
+    assert _pieces(prefill_calls([8192, 8192])) == [[(0, 0, 4096), (1, 0, 4096)], [(0, 4096, 4096), (1, 4096, 4096)]]
+    # Cut at 3968 both, the second call would hold 8064 tokens: b's cut balances the two.
+    assert _pieces(prefill_calls([8000, 8000])) == [[(0, 0, 3968), (1, 0, 4032)], [(0, 3968, 4032), (1, 4032, 3968)]]
+    # Two calls of 4097 tokens each cannot both end at 64-token cuts: they run alone (as do any two
+    # lone prompts of one length that is not a multiple of 64, when both exceed the bound).
+    assert _pieces(prefill_calls([4097] * 3)) == [[(0, 0, 4097)], [(1, 0, 4097)], [(2, 0, 4097)]]
+    assert _pieces(prefill_calls([6000, 2500, 9000])) == [[(0, 0, 2944), (1, 0, 1280)],
+                                                          [(0, 2944, 3056), (1, 1280, 1220)], [(2, 0, 9000)]]
+    # Only lone requests pair, and only when the shorter has PAIR_MIN_TOKENS.
+    assert _pieces(prefill_calls([5000, PAIR_MIN_TOKENS - 1])) == [[(0, 0, 5000)], [(1, 0, PAIR_MIN_TOKENS - 1)]]
+    assert _pieces(prefill_calls([5000, 3000, 1000])) == [[(0, 0, 5000)], [(1, 0, 3000), (2, 0, 1000)]]
+    assert _pieces(prefill_calls([1024] * 8)) == [[(i, 0, 1024) for i in range(4)], [(i, 0, 1024) for i in range(4, 8)]]
+
+
 def test_bounds_are_read_at_each_call(monkeypatch) -> None:
-    """benchmarks/bench_prefill.py --gdn-group-tokens times steps under other bounds this way."""
+    """benchmarks/bench_prefill.py --gdn-group-tokens and --lone-prompts-whole time steps under other
+    bounds this way."""
     monkeypatch.setattr("minisgl.prefill_groups.GROUP_TOKENS", 2048)
     assert prefill_groups([1024] * 4) == [(0, 2), (2, 4)]
+    assert _pieces(prefill_calls([3000, 2900])) == [[(0, 0, 1472), (1, 0, 1472)], [(0, 1472, 1528), (1, 1472, 1428)]]
+    monkeypatch.setattr("minisgl.prefill_groups.PAIR_MIN_TOKENS", 5901)
+    assert _pieces(prefill_calls([3000, 2900])) == [[(0, 0, 3000)], [(1, 0, 2900)]]
 
 
-def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str) -> None:
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=8,
               context_length=4096)
-    for what, err in grouped_against_whole(llm.engine):
+    for what, err in grouped_against_whole(llm.engine, step):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+
+
+def test_an_engines_bound_reaches_its_batches(tiny_checkpoints) -> None:
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=8,
+              context_length=4096)
     # An engine's own bound (a GPU warm-up may widen it: engine/device_memory.py) reaches its batches,
     # a mixed step's prefill part included; another engine in the process keeps the default.
     engine = llm.engine
@@ -47,7 +92,9 @@ def test_grouped_prefill_equals_one_call(tiny_checkpoints) -> None:
     assert batch.gdn_group_tokens == 8192
     assert [g.extend_lens for g in batch.prefill_requests.groups] == [(3000, 3000), (3000,)]
     engine.gdn_group_tokens = None
-    assert [g.extend_lens for g in engine.make_batch([[2] * 3000] * 3, [0] * 3, [2, 3, 4]).groups] == [(3000,)] * 3
+    # Under the default bound the first two run as halves, the third alone.
+    groups = engine.make_batch([[2] * 3000] * 3, [0] * 3, [2, 3, 4]).groups
+    assert [g.extend_lens for g in groups] == [(1472, 1472), (1528, 1528), (3000,)]
 
 
 def test_a_batch_hands_out_its_groups_once_with_their_own_offsets() -> None:
@@ -58,7 +105,31 @@ def test_a_batch_hands_out_its_groups_once_with_their_own_offsets() -> None:
     assert [(g.start, g.end, g.extend_lens) for g in groups] == [(0, 3000, (3000,)), (3000, 6010, (3000, 10))]
     assert [g.cu_seqlens.tolist() for g in groups] == [[0, 3000], [0, 3000, 3010]]
     assert [g.slots.tolist() for g in groups] == [[1], [2, 3]]
+    assert [g.segments for g in groups] == [((0, 0, 3000),), ((3000, 0, 3010),)]  # one copy of each output
+    assert batch.call_order is None  # the calls' order is the step's: the conv writes in place
     assert ForwardBatch.build([[1] * 5] * 3, [0] * 3, [1, 2, 3], table, 64, "cpu").groups == ()
+
+
+def test_a_batch_of_halves_maps_rows_both_ways() -> None:
+    """Two lone requests of 3000 and 2600 tokens as halves [1472 | 1280] then [1528 | 1320], and a
+    third alone: each call's rows follow the last, the outputs go back to the step's rows, and the
+    two maps are each other's inverse."""
+    table = torch.zeros(4, 200, dtype=torch.int64)
+    batch = ForwardBatch.build([[1] * 3000, [2] * 2600, [3] * 3000], [0, 0, 0], [1, 2, 3], table, 64, "cpu")
+    groups = batch.groups
+    assert [(g.start, g.end, g.extend_lens) for g in groups] == [(0, 2752, (1472, 1280)), (2752, 5600, (1528, 1320)),
+                                                                 (5600, 8600, (3000,))]
+    assert [g.cu_seqlens.tolist() for g in groups] == [[0, 1472, 2752], [0, 1528, 2848], [0, 3000]]
+    assert [g.slots.tolist() for g in groups] == [[1, 2], [1, 2], [3]]
+    assert [g.segments for g in groups] == [((0, 0, 1472), (3000, 1472, 1280)), ((1472, 0, 1528), (4280, 1528, 1320)),
+                                            ((5600, 0, 3000),)]
+    order = batch.call_order
+    assert order.rows.dtype == torch.int32 and order.sources.dtype == torch.int64
+    rows, sources = order.rows.long(), order.sources
+    assert sorted(sources.tolist()) == list(range(8600))
+    assert torch.equal(rows[sources], torch.arange(8600)) and torch.equal(sources[rows], torch.arange(8600))
+    assert sources[1470:1474].tolist() == [1470, 1471, 3000, 3001]
+    assert sources[2750:2754].tolist() == [4278, 4279, 1472, 1473]
 
 
 def test_whole_step_groups_only_where_their_memory_is_a_small_share() -> None:

@@ -9,6 +9,7 @@ from kernel_checks import DEVICE, TOL, assert_close, others, poisoned, random_sl
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
+from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.torch_backend import TorchGDNBackend
 from minisgl.kernels.conv1d import conv1d_prefill, conv1d_update
 from minisgl.kernels.planar_out import PlanarOut
@@ -92,16 +93,18 @@ def test_conv1d_prefill_tilings(block_t: int, block_c: int, num_warps: int) -> N
     assert torch.equal(state[slots], ref_state[slots])
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["step-order", "calls-order"])
 @pytest.mark.parametrize("bounds", [(16, 32), (2048, 4096), (0, 40)], ids=["tiny", "122b-qkv", "empty-blocks"])
-def test_mixed_step_into_planar_blocks(bounds: tuple[int, int]) -> None:
+def test_mixed_step_into_planar_blocks(bounds: tuple[int, int], mapped: bool) -> None:
     """A mixed step's conv as the GDN mixer runs it: 3 decode rows (one padding) through the update
     kernel, then 3 prefill requests from row 3, into one PlanarOut; each column block must hold the
-    reference's columns, contiguous, every row written."""
+    reference's columns, contiguous, every row written. `mapped`: two lone prompts run as halves
+    (prefill_groups.py), and the prefill rows go where the batch's call_order puts them."""
     channels = 40 if bounds[1] <= 40 else CHANNELS[1]
     weight, state = make(channels, 4, torch.bfloat16)
     dec_slots = torch.tensor([3, 0, 7], device=DEVICE)
     pre_slots = torch.tensor([5, 9, 1], device=DEVICE)
-    lengths = [4, 70, 1]
+    lengths = [1100, 1300, 7] if mapped else [4, 70, 1]
     cu = F.pad(torch.tensor(lengths, device=DEVICE).cumsum(0), (1, 0)).to(torch.int32)
     xd = torch.randn(3, channels, dtype=torch.bfloat16, device=DEVICE)
     xp = torch.randn(sum(lengths), channels, dtype=torch.bfloat16, device=DEVICE)
@@ -109,10 +112,18 @@ def test_mixed_step_into_planar_blocks(bounds: tuple[int, int]) -> None:
     ref_state = state.clone()
     ref = torch.cat([TorchGDNBackend().conv_decode(xd, weight, ref_state, dec_slots),
                      TorchGDNBackend().conv_prefill(xp, weight, cu, ref_state, pre_slots)])
+    row_map = None
+    if mapped:  # under a bound of 1024 tokens the first two pair up as [512 | 640], [588 | 660]
+        table = torch.zeros(NUM_SLOTS, 64, dtype=torch.int64)
+        batch = ForwardBatch.build([[1] * n for n in lengths], [0] * 3, pre_slots.tolist(), table, 64, "cpu",
+                                   gdn_group_tokens=1024)
+        assert [g.extend_lens for g in batch.groups] == [(512, 640), (588, 660), (7,)]
+        row_map = batch.call_order.rows.to(DEVICE)
+        ref = torch.cat([ref[:3], ref[3:][batch.call_order.sources.to(DEVICE)]])
     out = PlanarOut.empty(ref.shape[0], channels, bounds, torch.bfloat16, DEVICE)
     out.flat.copy_(poisoned(out.flat.numel(), dtype=torch.bfloat16))
     conv1d_update(xd, weight, state, dec_slots, out=out)
-    conv1d_prefill(xp, weight, cu, state, pre_slots, out=out.from_row(3), max_len=max(lengths))
+    conv1d_prefill(xp, weight, cu, state, pre_slots, out=out.from_row(3), max_len=max(lengths), row_map=row_map)
 
     b1, b2 = bounds
     for part, (s, e) in zip(out.parts(), ((0, b1), (b1, b2), (b2, channels))):

@@ -1,6 +1,7 @@
-"""A prefill step of several request groups on the GPU (fla's chunked rule, a group at a time, with
-chunk indices built on the host) against the same step in one fla call: tests/grouped_prefill.py
-on the tiny hybrid model in fp32; and those host-built chunk indices against fla's own."""
+"""A prefill step in several calls on the GPU (fla's chunked rule, a call at a time, with chunk
+indices built on the host; request groups, and two lone requests as halves through the Triton
+conv's row map) against the same step in one fla call: tests/grouped_prefill.py on the tiny hybrid
+model in fp32; and those host-built chunk indices against fla's own."""
 from __future__ import annotations
 
 import itertools
@@ -10,16 +11,17 @@ import pytest
 import torch
 
 from minisgl import LLM
-from grouped_prefill import grouped_against_whole
+from grouped_prefill import STEPS, grouped_against_whole
 
 pytestmark = pytest.mark.gpu
 
 
-def test_grouped_fla_prefill_equals_one_call(tiny_checkpoints) -> None:
+@pytest.mark.parametrize("step", sorted(STEPS))
+def test_fla_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str) -> None:
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
               context_length=4096, piecewise_cuda_graph_max_tokens=0)
     assert type(llm.engine.model.layers[0].linear_attn.backend).__name__ == "FlaGDNBackend"
-    for what, err in grouped_against_whole(llm.engine):
+    for what, err in grouped_against_whole(llm.engine, step):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 

@@ -2,16 +2,18 @@
 new group size, and fla specialises on it: its L2 norm on a group's tokens x key heads, per 65536
 rows, gives four variants for 16 key heads over 16K-token steps. The served 35B compiled them after
 ready when the warm-up ran only groups of 4,096 tokens and its largest steps. Steps of several
-requests the warm-up never ran must compile nothing. (Its own module: test_warm_start.py's engines
-hold the GPU's memory until that module ends.)"""
+requests the warm-up never ran must compile nothing; so must steps whose two lone prompts run as
+halves (prefill_groups.prefill_calls) under groups of 4,096 tokens. (Its own module:
+test_warm_start.py's engines hold the GPU's memory until that module ends.)"""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.engine import compile_watch
+from minisgl.engine import compile_watch, device_memory
 from minisgl.models.tiny.make import make_tiny_model
+from minisgl.prefill_groups import prefill_calls
 
 pytestmark = pytest.mark.gpu
 pytest.importorskip("fla")  # without it the GDN backend is ours, which does not specialise on group sizes
@@ -28,6 +30,27 @@ def test_whole_step_gdn_groups_warm_every_group_size(tmp_path) -> None:
         # With nothing decoding a step takes the whole budget: one step, one group, of 10,000 tokens
         # (3 of the L2 norm's row blocks), then of 6,001 (2).
         for lengths in ([1000] * 10, [1000] * 6 + [1]):
+            llm.generate([torch.randint(0, 500, (n,), generator=g).tolist() for n in lengths], greedy)
+        assert compile_watch.compile_count() == before, compile_watch.summary()
+    finally:
+        llm.close()
+
+
+def test_lone_prompts_as_halves_compile_nothing_after_warm_up(tmp_path, monkeypatch) -> None:
+    """Groups of 4,096 tokens, as the 122B keeps (here by refusing whole-step groups), and chunks up
+    to the context: a step's prompts longer than half the bound run alone or, two in a row, as
+    halves. The warm-up's largest step pairs its chunks so; steps of other lengths must compile
+    nothing."""
+    monkeypatch.setattr(device_memory, "wide_groups_pay", lambda growth, room: False)
+    path = make_tiny_model(str(tmp_path), seed=7, overrides={"linear_num_key_heads": 16, "linear_num_value_heads": 16})
+    llm = LLM(path, device="cuda", dtype="bfloat16", chunked_prefill_size=4095)
+    try:
+        assert llm.engine.gdn_group_tokens is None, "the engine must keep the default groups of 4,096 tokens"
+        before = compile_watch.compile_count()
+        greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+        g = torch.Generator().manual_seed(5)
+        for lengths in ([4000, 3000], [2500, 3900, 1100]):
+            assert any(p.offset for call in prefill_calls(lengths) for p in call), f"{lengths} must run as halves"
             llm.generate([torch.randint(0, 500, (n,), generator=g).tolist() for n in lengths], greedy)
         assert compile_watch.compile_count() == before, compile_watch.summary()
     finally:

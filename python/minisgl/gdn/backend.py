@@ -21,11 +21,13 @@ class GDNBackend(Protocol):
 
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
-        max_len: int | None = None, out: PlanarOut | None = None,
+        max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
     ) -> Tensor | PlanarOut:
         """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
         or into `out`'s rows from its row0 (returned). max_len: the longest request when the caller
-        knows it on the host (it sizes a kernel's grid)."""
+        knows it on the host (it sizes a kernel's grid). row_map [T] int32: token t's output row
+        (from row0), a permutation that keeps each request's pieces (cut at prefill_groups.PIECE_ALIGN
+        from its first token) consecutive."""
         ...
 
     def conv_decode(

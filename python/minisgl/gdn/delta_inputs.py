@@ -26,6 +26,11 @@ class DeltaInputs:
         return DeltaInputs(self.q[start:end], self.k[start:end], self.v[start:end], self.a[start:end],
                            self.b[start:end], self.A_log, self.dt_bias)
 
+    def gates_from(self, rows: Tensor) -> "DeltaInputs":
+        """The same inputs with a and b gathered from `rows` (q, k and v already in that order)."""
+        return DeltaInputs(self.q, self.k, self.v, self.a.index_select(0, rows), self.b.index_select(0, rows),
+                           self.A_log, self.dt_bias)
+
     def gates(self) -> tuple[Tensor, Tensor]:
         """(log-decay g, write strength beta) [T, HV], both fp32."""
         return gdn_gates(self.a, self.b, self.A_log, self.dt_bias)

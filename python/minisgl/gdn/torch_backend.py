@@ -22,7 +22,9 @@ from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step,
 from minisgl.kernels.planar_out import PlanarOut
 
 
-def _written(values: Tensor, out: PlanarOut | None) -> Tensor | PlanarOut:
+def _written(values: Tensor, out: PlanarOut | None, row_map: Tensor | None = None) -> Tensor | PlanarOut:
+    if row_map is not None:
+        values = torch.empty_like(values).index_copy_(0, row_map.long(), values)
     if out is None:
         return values
     out.write(values)
@@ -36,11 +38,11 @@ class TorchGDNBackend:
 
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
-        max_len: int | None = None, out: PlanarOut | None = None,
+        max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
     ) -> Tensor | PlanarOut:
         """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
-        or into `out` from its row0. max_len: the longest request, when the caller knows it on the
-        host (sizes a GPU kernel's grid)."""
+        or into `out` from its row0; token t to row row_map[t] when given. max_len: the longest
+        request, when the caller knows it on the host (sizes a GPU kernel's grid)."""
         channels, width = weight.shape
         kernel = weight.float()[:, None, :]
         y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
@@ -52,7 +54,7 @@ class TorchGDNBackend:
             y[start:end] = F.silu(F.conv1d(seq[None], kernel, groups=channels)[0]).T
             # The last W-1 columns include old history when L < W-1, so short requests shift the state.
             conv_state[slot] = seq[:, seq.shape[1] - (width - 1) :]
-        return _written(y.to(x.dtype), out)
+        return _written(y.to(x.dtype), out, row_map)
 
     def conv_decode(
         self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None

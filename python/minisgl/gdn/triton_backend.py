@@ -22,9 +22,9 @@ from minisgl.kernels.planar_out import PlanarOut
 class TritonGDNBackend(TorchGDNBackend):
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
-        max_len: int | None = None, out: PlanarOut | None = None,
+        max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
     ) -> Tensor | PlanarOut:
-        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, out=out, max_len=max_len)
+        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, out=out, max_len=max_len, row_map=row_map)
 
     def conv_decode(
         self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None

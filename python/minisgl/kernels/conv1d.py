@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.planar_out import PlanarOut
+from minisgl.prefill_groups import PIECE_ALIGN
 
 SUPPORTED_WIDTHS = (2, 3, 4)
 
@@ -123,11 +124,15 @@ def _conv_out(out_ptr, base, step, row, y, live, cmask):
 # input is loaded and converted once, four rows at a time (loads first, then the four outputs).
 # The [tokens, channels] tile form it replaced loaded every input once per tap and moved its tile
 # through shared memory to store it: ~55 instructions an element, issue-bound at 0.29 of copy.
+# ROW_MAP: token t's output row is row0 + row_ptr[t] (the GDN calls' order, prefill_groups.py); a
+# block of BLOCK_T tokens never straddles two pieces (BLOCK_T divides PIECE_ALIGN), so one load a
+# program gives its rows.
 @triton.jit(do_not_specialize=["out_rows", "row0"])
 def _conv1d_prefill_kernel(
-    x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, out_ptr,
+    x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, out_ptr, row_ptr,
     stride_x, stride_w, stride_slot, stride_c, stride_out, channels, out_rows, row0, split1, split2,
     KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PLANAR: tl.constexpr,
+    ROW_MAP: tl.constexpr,
 ):
     block = tl.program_id(1)
     req = tl.program_id(2)
@@ -151,7 +156,10 @@ def _conv1d_prefill_kernel(
     b = _history(x_ptr, state_cols, start, t0, stride_x, cols, cmask, smask, 1, KERNEL_WIDTH)
     c = _history(x_ptr, state_cols, start, t0, stride_x, cols, cmask, smask, 2, KERNEL_WIDTH)
     base, step = _out_columns(cols, stride_out, out_rows, split1, split2, channels, PLANAR)
-    out_row = row0 + start
+    if ROW_MAP:
+        out_row = row0 + tl.load(row_ptr + start + t0).to(tl.int64) - t0
+    else:
+        out_row = row0 + start
     for i in tl.static_range(0, BLOCK_T, 4):
         t = t0 + i
         x0 = _token(x_ptr, start, t, length, stride_x, cols, cmask)
@@ -244,18 +252,23 @@ def conv1d_prefill(
     block_t: int = 32,
     block_c: int | None = None,
     num_warps: int = 4,
+    row_map: torch.Tensor | None = None,
 ) -> torch.Tensor | PlanarOut:
     """x [T, C] varlen over requests delimited by cu_seqlens [B+1]; each request starts from its slot's
     state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1).
-    Writes [T, C] in x's dtype, or a PlanarOut's rows from its row0."""
+    Writes [T, C] in x's dtype, or a PlanarOut's rows from its row0; token t to row row_map[t]
+    (int32) when given, a map that keeps the pieces of each request cut at PIECE_ALIGN consecutive."""
     width = _check(x, weight, conv_state)
     if block_t % 4:
         raise ValueError(f"block_t={block_t} must be a multiple of 4 (the kernel steps four tokens at a time)")
+    if row_map is not None and (PIECE_ALIGN % block_t or row_map.shape != (x.shape[0],) or row_map.dtype != torch.int32):
+        raise ValueError(f"row_map must be int32 [{x.shape[0]}] and block_t={block_t} must divide {PIECE_ALIGN}, "
+                         f"got {row_map.dtype} {tuple(row_map.shape)}")
     # 512 channels at 4 warps: the fastest of bench_gdn_attention.py's tilings at 16K tokens x
     # 12,288 channels on the H200 (0.72 of copy; 1024 and 2048 channels 0.62, 64 tokens 0.24-0.30).
     block_c = block_c or min(512, triton.next_power_of_2(x.shape[1]))
     out = torch.empty_like(x) if out is None else out
-    tensor, stride_out, out_rows, row0, split1, split2, planar = _out_args(x, out)
+    tensor, stride_out, rows, row0, split1, split2, planar = _out_args(x, out)
     channels = x.shape[1]
     batch = cu_seqlens.shape[0] - 1
     # Blocks past a request's end return at once. Without max_len (the longest request, a host
@@ -263,9 +276,11 @@ def conv1d_prefill(
     # cu_seqlens would cost a host sync in every GDN layer.
     grid = (triton.cdiv(channels, block_c), triton.cdiv(max_len or x.shape[0], block_t), batch)
     _conv1d_prefill_kernel[grid](
-        x, weight, conv_state, slots, cu_seqlens, tensor,
+        # Without a map the kernel never reads row_ptr: cu_seqlens stands in, an int32 pointer alike.
+        x, weight, conv_state, slots, cu_seqlens, tensor, cu_seqlens if row_map is None else row_map,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), stride_out, channels,
-        out_rows, row0, split1, split2,
+        rows, row0, split1, split2,
         KERNEL_WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, PLANAR=planar,
+        ROW_MAP=row_map is not None,
     )
     return out

@@ -91,7 +91,8 @@ class GatedDeltaNet(nn.Module):
 
     def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> PlanarOut:
         """The conv's output with q, k and v each contiguous (the delta rule's kernels read them as
-        they are; fla would copy strided column slices first). A mixed step's decode rows come first."""
+        they are; fla would copy strided column slices first). A mixed step's decode rows come first,
+        then the prefill rows in the order of the delta rule's calls (ForwardBatch.call_order)."""
         kd = self.num_k_heads * self.k_dim
         out = PlanarOut.empty(qkv.shape[0], qkv.shape[1], (kd, 2 * kd), qkv.dtype, qkv.device)
         if batch.is_decode:
@@ -99,8 +100,10 @@ class GatedDeltaNet(nn.Module):
         d, part = batch.leading_decodes, batch.prefill_requests
         if d:
             self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d], out=out)
+        order = part.call_order
         return self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
-                                         max(part.extend_lens), out=out.from_row(d))
+                                         max(part.extend_lens), out=out.from_row(d),
+                                         row_map=None if order is None else order.rows)
 
     def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """A mixed step's leading decodes update their states in place (decode kernel); only the
@@ -115,13 +118,17 @@ class GatedDeltaNet(nn.Module):
         return torch.cat([self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), prefill])
 
     def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch) -> torch.Tensor:
-        """The chunked rule over the prefill requests, a group of requests at a time (prefill_groups.py)."""
+        """The chunked rule over the prefill requests, a call at a time (prefill_groups.py). q, k and
+        v come in the calls' order (the conv wrote them so); the gates are gathered into it."""
         if not part.groups:
             return self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens)
+        if part.call_order is not None:
+            inp = inp.gates_from(part.call_order.sources)
         out = None
         for g in part.groups:
             o = self.backend.delta_prefill(inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots, g.extend_lens)
             if out is None:
                 out = o.new_empty((part.num_tokens, *o.shape[1:]))
-            out[g.start : g.end] = o
+            for step_row, call_row, n in g.segments:
+                out[step_row : step_row + n] = o[call_row : call_row + n]
         return out
