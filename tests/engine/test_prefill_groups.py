@@ -73,11 +73,12 @@ def test_bounds_are_read_at_each_call(monkeypatch) -> None:
     assert _pieces(prefill_calls([3000, 2900])) == [[(0, 0, 3000)], [(1, 0, 2900)]]
 
 
+@pytest.mark.parametrize("decodes", [0, 3], ids=["prefill", "mixed"])
 @pytest.mark.parametrize("step", sorted(STEPS))
-def test_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str) -> None:
-    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=8,
+def test_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str, decodes: int) -> None:
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=12,
               context_length=4096)
-    for what, err in grouped_against_whole(llm.engine, step):
+    for what, err in grouped_against_whole(llm.engine, step, decodes):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 

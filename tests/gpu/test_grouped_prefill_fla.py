@@ -16,12 +16,13 @@ from grouped_prefill import STEPS, grouped_against_whole
 pytestmark = pytest.mark.gpu
 
 
+@pytest.mark.parametrize("decodes", [0, 3], ids=["prefill", "mixed"])
 @pytest.mark.parametrize("step", sorted(STEPS))
-def test_fla_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str) -> None:
-    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, max_running_requests=8,
+def test_fla_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str, decodes: int) -> None:
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, max_running_requests=12,
               context_length=4096, piecewise_cuda_graph_max_tokens=0)
     assert type(llm.engine.model.layers[0].linear_attn.backend).__name__ == "FlaGDNBackend"
-    for what, err in grouped_against_whole(llm.engine, step):
+    for what, err in grouped_against_whole(llm.engine, step, decodes):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 

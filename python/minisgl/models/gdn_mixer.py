@@ -112,19 +112,25 @@ class GatedDeltaNet(nn.Module):
         if batch.is_decode:
             return self.backend.delta_decode(inp, ssm_state, batch.slots)
         d, part = batch.leading_decodes, batch.prefill_requests
-        prefill = self._delta_prefill(inp.rows(d), ssm_state, part)
         if not d:
-            return prefill
-        return torch.cat([self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), prefill])
+            return self._delta_prefill(inp, ssm_state, part)
+        decode = self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d])
+        out = decode.new_empty((batch.num_tokens, *decode.shape[1:]))
+        out[:d] = decode
+        self._delta_prefill(inp.rows(d), ssm_state, part, out[d:])
+        return out
 
-    def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch) -> torch.Tensor:
-        """The chunked rule over the prefill requests, a call at a time (prefill_groups.py). q, k and
-        v come in the calls' order (the conv wrote them so); the gates are gathered into it."""
+    def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+        """The chunked rule over the prefill requests, a call at a time (prefill_groups.py), into `out`
+        when given (a mixed step's rows after its decodes): the calls' outputs are copied once, where
+        a concatenation after their assembly copied them twice. q, k and v come in the calls' order
+        (the conv wrote them so); the gates are gathered into it."""
         if not part.groups:
-            return self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens)
+            o = self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens)
+            return o if out is None else out.copy_(o)
         if part.call_order is not None:
             inp = inp.gates_from(part.call_order.sources)
-        out = None
         for g in part.groups:
             o = self.backend.delta_prefill(inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots, g.extend_lens)
             if out is None:
