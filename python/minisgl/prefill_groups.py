@@ -15,7 +15,8 @@ batches carry that bound (ForwardBatch.gdn_group_tokens); GROUP_TOKENS stays the
 A request longer than the bound runs alone, and fla's recurrence then walks its chunks one after
 another with a single sequence's heads over the SMs. Two such requests in a row run instead as two
 calls of both requests' halves (prefill_calls): the recurrence has both sequences' heads at once, as
-in one group of both, and no call holds more tokens than the longer request alone did.
+in one group of both, and no call holds more tokens than the bound or the longer request, the most a
+call of the groups could hold.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ from typing import Sequence
 GROUP_TOKENS = 4096
 GROUP_REQUESTS = 16
 # fla's chunk length. A request cut at multiples of it from its first token is chunked by the rule
-# exactly as when whole, and the state between the calls is the fp32 state fla carries between
-# chunks, so the pieces compute what the whole request would.
+# exactly as when whole. Between the calls its state waits in the pool: with the default fp32 pool
+# that is the state fla carries between chunks, so the pieces compute what the whole request would;
+# a bf16 pool (--mamba-ssm-dtype) rounds it there, as it does at every chunked-prefill boundary.
 PIECE_ALIGN = 64
 # Two lone requests pair up only when the shorter has at least this many tokens: a pair moves each
 # request's state in and out once more (~10 us a request and layer at 122B shapes), and saves about

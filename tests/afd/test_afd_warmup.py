@@ -162,3 +162,24 @@ def test_worker_failing_warmup_fails_the_start_with_its_reason(tiny_checkpoints,
     assert f"AFD worker {victim} failed in the warm-up: RuntimeError: injected fault in warm-up step 3" == message
     assert took < 30, took  # the peers blocked in the step's exchange are stopped, not waited for
     assert all(p.exitcode is not None for p in launcher.procs.values()), "every worker is stopped"
+
+
+@pytest.mark.parametrize("how", ["count", "context"])
+def test_a_lane_step_pairs_lone_prompts_in_each_micro_batch(tmp_path, how) -> None:
+    """Chunks of 8,192 tokens and lanes of 16,384: the lane's largest step is two chunks, one a
+    micro-batch, and pairs nothing; a lane step of four 4,096-token prompts splits into two pairs
+    of lone prompts, which run as halves (prefill_groups.prefill_calls) through the conv's row-map
+    variant. A warm-up step must pair in every micro-batch, so that variant compiles before ready."""
+    from minisgl.models.tiny.make import make_tiny_model
+    from minisgl.prefill_groups import prefill_calls
+
+    path = make_tiny_model(str(tmp_path), seed=1, overrides={"max_position_embeddings": 32768})
+    plan = _plan(path, context_length=32768, chunked_prefill_size=8192, max_running_requests=8)
+    steps = warmup_steps(plan, AfdArgs(attn_workers=2, expert_workers=2, num_mb=2, mb_split=how), (), PREFILL_BUDGET)
+
+    def pairs(extend) -> bool:
+        return any(p.offset for call in prefill_calls(extend) for p in call)
+
+    prefill = [[mb.extend for mb in s.micro_batches] for s in steps if s.phase == "prefill"]
+    assert [(8192,), (8192,)] in prefill  # the largest step pairs nothing
+    assert any(all(pairs(mb) for mb in mbs) for mbs in prefill), prefill

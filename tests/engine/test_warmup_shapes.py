@@ -1,11 +1,12 @@
 """The warm-up's mixed steps include the most prompt tokens a step may take beside the decodes; its
-steps under whole-step GDN groups reach every group size band."""
+steps under whole-step GDN groups reach every group size band; a step of two prompts as halves is
+among its prefill steps wherever the scheduler can build one."""
 from __future__ import annotations
 
 import pytest
 
-from minisgl.engine.warmup import StepShape, group_size_shapes, mixed_shapes
-from minisgl.prefill_groups import GROUP_REQUESTS, prefill_groups
+from minisgl.engine.warmup import StepShape, group_size_shapes, mixed_shapes, prefill_shapes
+from minisgl.prefill_groups import GROUP_REQUESTS, prefill_calls, prefill_groups
 
 
 def test_mixed_shapes_hold_the_largest_step_beside_decodes() -> None:
@@ -34,3 +35,18 @@ def test_whole_step_groups_warm_every_band_of_group_sizes(budget: int, chunk: in
         def band(tokens: int) -> int:
             return -(-tokens * key_heads // 65536)
         assert {band(n) for n in warmed} >= set(range(1, band(largest_group) + 1)), (key_heads, sorted(warmed))
+
+
+def _pairs(lengths) -> bool:
+    return any(p.offset for call in prefill_calls(lengths) for p in call)
+
+
+@pytest.mark.parametrize("budget,chunk", [(8192, 8192), (16384, 16384), (4500, 4000), (16384, 8192), (8194, 4097),
+                                          (16384, 1024), (16384, 4096), (2048, 2048)])
+def test_a_step_of_halves_is_warmed_wherever_the_scheduler_can_build_one(budget: int, chunk: int) -> None:
+    """If any step of two prompts of up to a chunk within the budget runs as halves, a prefill
+    warm-up step does (the Triton conv's row-map variant compiles before ready); if none can, no
+    warm-up step is spent on it."""
+    possible = any(_pairs((a, b)) for a in range(1000, chunk + 1, 97) for b in range(1000, min(chunk, budget - a) + 1, 97))
+    warmed = [s.extend for s in prefill_shapes(budget, chunk, 20000) if _pairs(s.extend)]
+    assert bool(warmed) == possible, (warmed, possible)

@@ -16,10 +16,10 @@ from minisgl.models.tiny.make import make_tiny_model
 from minisgl.prefill_groups import prefill_calls
 
 pytestmark = pytest.mark.gpu
-pytest.importorskip("fla")  # without it the GDN backend is ours, which does not specialise on group sizes
 
 
 def test_whole_step_gdn_groups_warm_every_group_size(tmp_path) -> None:
+    pytest.importorskip("fla")  # without it the GDN backend is ours, which does not specialise on group sizes
     path = make_tiny_model(str(tmp_path), seed=7, overrides={"linear_num_key_heads": 16, "linear_num_value_heads": 16})
     llm = LLM(path, device="cuda", dtype="bfloat16")  # chunks of 1024, steps of up to 16384 tokens
     try:
@@ -37,19 +37,20 @@ def test_whole_step_gdn_groups_warm_every_group_size(tmp_path) -> None:
 
 
 def test_lone_prompts_as_halves_compile_nothing_after_warm_up(tmp_path, monkeypatch) -> None:
-    """Groups of 4,096 tokens, as the 122B keeps (here by refusing whole-step groups), and chunks up
-    to the context: a step's prompts longer than half the bound run alone or, two in a row, as
-    halves. The warm-up's largest step pairs its chunks so; steps of other lengths must compile
-    nothing."""
+    """Groups of 4,096 tokens, as the 122B keeps (here by refusing whole-step groups), and chunks of
+    the whole budget (16,384 tokens): no warm-up step of chunks pairs lone prompts, yet a step of two
+    long prompts runs as halves, through the conv's row-map variant (ours, with or without fla).
+    The warm-up's own step of halves (engine/warmup.py, halves_shape) must have compiled it."""
     monkeypatch.setattr(device_memory, "wide_groups_pay", lambda growth, room: False)
-    path = make_tiny_model(str(tmp_path), seed=7, overrides={"linear_num_key_heads": 16, "linear_num_value_heads": 16})
-    llm = LLM(path, device="cuda", dtype="bfloat16", chunked_prefill_size=4095)
+    path = make_tiny_model(str(tmp_path), seed=7, overrides={"linear_num_key_heads": 16, "linear_num_value_heads": 16,
+                                                               "max_position_embeddings": 32768})
+    llm = LLM(path, device="cuda", dtype="bfloat16", chunked_prefill_size=16384)
     try:
         assert llm.engine.gdn_group_tokens is None, "the engine must keep the default groups of 4,096 tokens"
         before = compile_watch.compile_count()
         greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         g = torch.Generator().manual_seed(5)
-        for lengths in ([4000, 3000], [2500, 3900, 1100]):
+        for lengths in ([8192, 8192], [5000, 7000]):
             assert any(p.offset for call in prefill_calls(lengths) for p in call), f"{lengths} must run as halves"
             llm.generate([torch.randint(0, 500, (n,), generator=g).tolist() for n in lengths], greedy)
         assert compile_watch.compile_count() == before, compile_watch.summary()

@@ -19,7 +19,7 @@ import torch
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.allocator import DUMMY_SLOT
-from minisgl.prefill_groups import GROUP_REQUESTS
+from minisgl.prefill_groups import GROUP_REQUESTS, PIECE_ALIGN, prefill_calls
 from minisgl.sampling_params import SamplingParams
 
 
@@ -94,7 +94,23 @@ def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[St
     many = min(2 * GROUP_REQUESTS, max_prefill_tokens // 17)
     if many > 1:
         shapes.append(StepShape((min(17, max_len - 1),) * many, (0,) * many))
-    return shapes
+    halves = halves_shape(max_prefill_tokens, chunk)
+    return shapes + ([halves] if halves else [])
+
+
+def halves_shape(max_prefill_tokens: int, chunk: int) -> StepShape | None:
+    """Two prompts of up to a chunk that run as halves (prefill_groups.prefill_calls) under the
+    default group bound, when the budget holds such a step: the conv's row-map variant compiles
+    here, not at the first such step served (the other warm-up steps need not pair, e.g. with the
+    budget one chunk). Under whole-step groups no prompt runs alone, so none pairs. None if no pair
+    fits."""
+    a = min(chunk, max_prefill_tokens // 2)
+    # Equal lengths first (micro-batches of a split step pair whichever two they get); the cuts'
+    # rounding can refuse one length.
+    for b in (a, a - PIECE_ALIGN, a - 2 * PIECE_ALIGN):
+        if b >= 1 and any(p.offset for call in prefill_calls((a, b)) for p in call):
+            return StepShape((a, b), (0, 0))
+    return None
 
 
 def decode_shapes(sizes: Iterable[int], max_len: int) -> list[StepShape]:

@@ -257,7 +257,9 @@ def conv1d_prefill(
     """x [T, C] varlen over requests delimited by cu_seqlens [B+1]; each request starts from its slot's
     state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1).
     Writes [T, C] in x's dtype, or a PlanarOut's rows from its row0; token t to row row_map[t]
-    (int32) when given, a map that keeps the pieces of each request cut at PIECE_ALIGN consecutive."""
+    (int32) when given, a map that keeps the pieces of each request cut at PIECE_ALIGN consecutive
+    (ForwardBatch.call_order's). Only its dtype and shape are checked: the kernel reads one row a
+    block of block_t tokens, so another map writes wrong rows."""
     width = _check(x, weight, conv_state)
     if block_t % 4:
         raise ValueError(f"block_t={block_t} must be a multiple of 4 (the kernel steps four tokens at a time)")
