@@ -54,7 +54,7 @@ def grouped_against_whole(engine: Engine, step: str, decodes: int = 0) -> list[t
                            lambda lens, *bounds: [tuple(Piece(i, 0, n) for i, n in enumerate(lens))])
             logits = engine.model(batch, pool)
         slots = decoding + slots
-        made = [[(p.request, p.offset, p.length) for p in call] for call in batch.prefill_requests._calls]
+        made = [[(p.request, p.offset, p.length) for p in call] for call in batch.prefill_requests.gdn_calls]
         assert made == (calls if grouped else [[(i, 0, n) for i, n in enumerate(lengths)]]), \
             "the step must split as planned for the test to mean anything"
         assert (batch.prefill_requests.call_order is not None) == (grouped and step == "halves")

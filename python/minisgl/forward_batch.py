@@ -78,7 +78,8 @@ class ForwardBatch:
         return all(n == 1 for n in self.extend_lens)
 
     @functools.cached_property
-    def _calls(self) -> list[tuple[Piece, ...]]:
+    def gdn_calls(self) -> list[tuple[Piece, ...]]:
+        """The GDN chunked rule's calls as pieces of the requests (prefill_groups.prefill_calls)."""
         return prefill_calls(self.extend_lens, self.gdn_group_tokens)
 
     @functools.cached_property
@@ -86,11 +87,11 @@ class ForwardBatch:
         """The calls of the GDN chunked rule (prefill_groups.py); () when the step is one call. Made
         on first use, the same objects for every layer of the step; whole requests' metadata comes
         from the batch's device tensors without a host copy."""
-        if len(self._calls) == 1:
+        if len(self.gdn_calls) == 1:
             return ()
         starts = [0, *itertools.accumulate(self.extend_lens)]
         groups, row = [], 0
-        for call in self._calls:
+        for call in self.gdn_calls:
             i, j = call[0].request, call[-1].request + 1
             lens = tuple(p.length for p in call)
             if all(p.offset == 0 and p.length == self.extend_lens[p.request] for p in call):
