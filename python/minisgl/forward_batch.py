@@ -94,7 +94,7 @@ class ForwardBatch:
         for call in self.gdn_calls:
             i, j = call[0].request, call[-1].request + 1
             lens = tuple(p.length for p in call)
-            if all(p.offset == 0 and p.length == self.extend_lens[p.request] for p in call):
+            if self._whole(call):
                 cu = self.cu_seqlens[i : j + 1] - self.cu_seqlens[i]
             else:
                 cu = to_device([0, *itertools.accumulate(lens)], torch.int32, self.cu_seqlens.device)
@@ -112,12 +112,16 @@ class ForwardBatch:
             row += at
         return tuple(groups)
 
+    def _whole(self, call: tuple[Piece, ...]) -> bool:
+        return all(p.offset == 0 and p.length == self.extend_lens[p.request] for p in call)
+
     @functools.cached_property
     def call_order(self) -> CallOrder | None:
-        """The calls' order of the tokens, None where it is the step's own."""
-        runs = [(s, n) for g in self.groups for s, _, n in g.segments]
-        if all(s == at for (s, _), at in zip(runs, itertools.accumulate((n for _, n in runs), initial=0))):
+        """The calls' order of the tokens, None where it is the step's own (every call of whole
+        requests: they follow one another)."""
+        if all(self._whole(call) for call in self.gdn_calls):
             return None
+        runs = [(s, n) for g in self.groups for s, _, n in g.segments]
         sources = torch.cat([torch.arange(s, s + n) for s, n in runs])
         rows = torch.empty_like(sources)
         rows[sources] = torch.arange(len(sources))
