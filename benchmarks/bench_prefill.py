@@ -48,7 +48,6 @@ from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.kernels.moe_align import align_experts
 from minisgl.kernels.moe_gemm import moe_combine, moe_down, moe_gate_up, rows_bucket
 from minisgl.kernels.moe_gemm import regime as moe_regime
-from minisgl.kernels.moe_row_gather import gather_grouped_rows
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, quantize_block_fp8
 
 DEV = "cuda"
@@ -72,10 +71,8 @@ def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False,
-           ws: bool = False) -> dict[str, object]:
-    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma,
-                warp_specialize=ws)
+def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False) -> dict[str, object]:
+    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma)
 
 
 MOE_CANDIDATES = {
@@ -106,13 +103,6 @@ MOE_CANDIDATES = {
     "large 128: 64/128 w8 s3 tma": (128, _large(64, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 128q/128 w8 s3 tma": (128, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 128q/128 w8 s4 tma": (128, _large(128, 8, 4, tma=True), _large(128, 8, 4, tma=True)),
-    # warp-specialised K loops (ws; 128-row blocks, split between two 4-warp MMA consumers; gate_up's
-    # time includes copying x's rows into grouped order); unspecialised, "large 128: 64/128 w8 s3 tma"
-    # is the same tiling (at 4 warps gate_up spills 384 bytes, compiled for sm_90 on the CPU)
-    "large 128: 64/128 w4 s3 tma ws": (128, _large(64, 4, 3, tma=True, ws=True), _large(128, 4, 3, tma=True, ws=True)),
-    "large 128: 64/128 w4 s4 tma ws": (128, _large(64, 4, 4, tma=True, ws=True), _large(128, 4, 4, tma=True, ws=True)),
-    "large 128: 64/128 w4 s3 tma, down ws": (128, _large(64, 4, 3, tma=True), _large(128, 4, 3, tma=True, ws=True)),
-    "large 128: 64/128 w8 s3 tma, down w4 ws": (128, _large(64, 8, 3, tma=True), _large(128, 4, 3, tma=True, ws=True)),
 }
 
 
@@ -267,10 +257,6 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
                 row["TFLOP/s"] = tflops(flops["gate_up"] + flops["down"], row["us"])
                 row["vs ceiling"] = row["TFLOP/s"] / ceiling
                 rows.append(row)
-            if 128 in groupings:
-                xq, xs = quantize_activations(x)
-                rows.append({**base, "candidate": "copy x's rows into grouped order (in gate_up ws's time)",
-                             "us": median_us(lambda: gather_grouped_rows(xq, xs, groupings[128]))})
             h_bf16 = torch.randn(pairs, I, device=DEV, dtype=torch.bfloat16)
             rows.append({**base, "candidate": "quantise h alone (in down's time unless q)",
                          "us": median_us(lambda: quantize_activations(h_bf16))})

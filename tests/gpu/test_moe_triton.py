@@ -144,11 +144,6 @@ PATHS = [
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (128, dict(large_m=True, block_n=128, num_warps=8, tma=True), dict(large_m=True, block_n=128, num_warps=8, tma=True)),
     (64, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=64, num_warps=4, tma=True)),
-    # warp-specialised K loops: gate_up over token rows gathered beforehand, unused blocks without an early return
-    (128, dict(large_m=True, block_n=64, num_warps=4, tma=True, warp_specialize=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True, warp_specialize=True)),
-    (128, dict(large_m=True, block_n=128, num_warps=4, tma=True, warp_specialize=True),
-     dict(large_m=True, block_n=64, num_warps=4, tma=True, warp_specialize=True)),
 ]
 
 

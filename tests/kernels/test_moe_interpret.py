@@ -31,7 +31,6 @@ from minisgl.kernels import moe_align  # noqa: E402
 from minisgl.kernels.fp8_quant import GROUP, quantize_activations  # noqa: E402
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts  # noqa: E402
 from minisgl.kernels.moe_gemm import Hidden, moe_combine, moe_down, moe_gate_up  # noqa: E402
-from minisgl.kernels.moe_row_gather import gather_grouped_rows  # noqa: E402
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, dequantize_block_fp8, dequantize_gate_up  # noqa: E402
 
 DEVICE = "cuda" if GPU else "cpu"
@@ -49,12 +48,6 @@ PATHS = [
     (16, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    # warp-specialised loops (the interpreter runs them unspecialised): gate_up over the grouped copy
-    # of x, unused blocks through an empty loop and masked stores instead of an early return
-    (128, dict(large_m=True, block_n=64, num_warps=4, tma=True, warp_specialize=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True, warp_specialize=True)),
-    (128, dict(large_m=True, block_n=128, num_warps=4, tma=True, warp_specialize=True),
-     dict(large_m=True, block_n=64, num_warps=4, tma=True, warp_specialize=True)),
 ]
 
 
@@ -135,19 +128,18 @@ def test_stages_match_torch(block_m: int, gate_up_tile: dict, down_tile: dict, f
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@pytest.mark.parametrize("tma,ws", [(False, False), (True, False), (True, True)])
-def test_epilogue_codes_are_the_quantisers(tma: bool, ws: bool) -> None:
+@pytest.mark.parametrize("tma", [False, True])
+def test_epilogue_codes_are_the_quantisers(tma: bool) -> None:
     """gate_up's in-epilogue quantisation writes exactly what quantize_activations writes for the
     same h (the large-M kernel at 64 columns, whose h comes out in bf16). With TMA, I = 192 leaves
-    the second 128-column tile reading up's rows past I: they must not reach the group's scale.
-    With ws, the quantising kernel's loop is the warp-specialised one over the grouped copy of x."""
+    the second 128-column tile reading up's rows past I: they must not reach the group's scale."""
     torch.manual_seed(3)
     gate_up, gs, _, _ = _weights(True)
     x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
     ids, _ = _routing()
-    g = align_experts(ids, E, 128 if ws else 32)
+    g = align_experts(ids, E, 32)
     tile = dict(large_m=True, block_n=128, num_warps=4, tma=tma)
-    hq, hs = moe_gate_up(x, gate_up, gs, g, **tile, warp_specialize=ws)
+    hq, hs = moe_gate_up(x, gate_up, gs, g, **tile)
     h = moe_gate_up(x, gate_up, gs, g, **{**tile, "block_n": 64})
     pos = _real_rows(g)[0]
     q, s = quantize_activations(h[pos])
@@ -157,15 +149,6 @@ def test_epilogue_codes_are_the_quantisers(tma: bool, ws: bool) -> None:
     else:
         assert torch.equal(hs[pos], s)
         assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
-
-
-def test_warp_specialised_tile_refuses_narrow_blocks() -> None:
-    """At 64-row blocks each of the two MMA consumers would compute the whole tile: refused, not run twice."""
-    gate_up, gs, _, _ = _weights(True)
-    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
-    g = align_experts(_routing()[0], E, 64)
-    with pytest.raises(ValueError, match="at least 128 rows, got 64"):
-        moe_gate_up(x, gate_up, gs, g, large_m=True, block_n=64, num_warps=4, tma=True, warp_specialize=True)
 
 
 def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFixture) -> None:
@@ -185,27 +168,6 @@ def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFix
     assert "not TMA-readable" in caplog.text
     pos = _real_rows(g)[0]
     assert torch.equal(h[pos], moe_gate_up(x, gate_up, gs, g, **tile)[pos])
-
-
-@pytest.mark.parametrize("block_m", [16, 128])
-def test_grouped_copy_holds_each_rows_token(block_m: int) -> None:
-    """gather_grouped_rows: each real grouped row is its token's codes and scales, bit for bit (the
-    quantiser's column-major scales in, K-step-major out); rows past a used block's real ones are zero."""
-    torch.manual_seed(block_m)
-    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
-    ids, _ = _routing()
-    g = align_experts(ids, E, block_m)
-    xq, xs = quantize_activations(x)
-    xg, xgs = gather_grouped_rows(xq, xs, g)
-    pos, _, pairs = _real_rows(g)
-    assert xg.shape == (g.max_blocks * block_m, H) and xgs.stride(0) == 1
-    assert torch.equal(xg[pos].view(torch.uint8), xq[pairs // K_TOP].view(torch.uint8))
-    assert torch.equal(xgs[pos], xs[pairs // K_TOP])
-    # Rows past a used block's real ones are zero; unused blocks' rows are never read and not written.
-    used = g.block_expert.repeat_interleave(block_m) >= 0
-    pad = used.clone()
-    pad[pos] = False
-    assert pad.any() and not xg[pad].view(torch.uint8).any() and not xgs[pad].any()
 
 
 # (tokens, top-k, experts, rows per block, routing), each a few chunks of moe_align.CHUNK pairs (the

@@ -23,9 +23,6 @@ class MoeTile:
     large_m: bool = False
     group_m: int = 8
     tma: bool = False  # large-M, FP8, block_n dividing 128: operands through TMA (kernels/moe_gemm_large.py)
-    # With tma: the K loop warp-specialised into a TMA producer and MMA consumers; gate_up then reads
-    # token rows copied into grouped order beforehand (kernels/moe_row_gather.py).
-    warp_specialize: bool = False
 
 
 @triton.jit

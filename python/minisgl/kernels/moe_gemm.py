@@ -137,9 +137,6 @@ def regime(num_pairs: int, num_experts: int) -> MoeRegime:
     return REGIMES[rows_bucket(num_pairs, num_experts)]
 
 
-# Triton 3.6 splits a warp-specialised tile between its two MMA consumers by rows, 64 each: at 64-row
-# blocks each consumer computed the whole tile (twice the MMAs, in the sm_90 TTGIR compiled on the CPU).
-WS_BLOCK_M = 128
 SHARED_MEMORY_BUDGET = 160 << 10  # of the H200's 227 KiB per program: the rest for the epilogue's layout change
 
 
@@ -152,8 +149,6 @@ def _tile(tile: MoeTile, n: int, g: ExpertGrouping, operand_bytes: int, weight_t
     if not tile.large_m and g.block_m <= 64 and triton.cdiv(n, tile.block_n) * g.max_blocks < 2 * num_sms(g.rows.device):
         tile = replace(tile, block_n=NARROW_BLOCK_N)  # decode: narrower tiles rather than idle SMs
     tile = replace(tile, **override)
-    if tile.warp_specialize and g.block_m < WS_BLOCK_M:
-        raise ValueError(f"a warp-specialised MoE tile needs blocks of at least {WS_BLOCK_M} rows, got {g.block_m}")
     stage_bytes = (g.block_m + weight_tiles * tile.block_n) * GROUP * operand_bytes
     return replace(tile, num_stages=max(1, min(tile.num_stages, SHARED_MEMORY_BUDGET // stage_bytes)))
 

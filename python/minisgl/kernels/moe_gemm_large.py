@@ -21,14 +21,6 @@ columns the store masks; gate_up zeroes them before its epilogue quantises h. Ac
 units of each K step's scale, so that the MMA adds into the accumulator in place
 (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile as large as it, was measured
 too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
-
-Each K step's product is scaled before it joins the accumulator, so Triton waits for every MMA
-where it is issued and the tensor cores idle while the product is scaled. A tile with
-`warp_specialize` (TMA tiles only) splits the K loop into a producer of TMA copies and MMA
-consumers, whose scaling can then overlap the other consumer's MMAs. Triton 3.6 partitions a loop
-only when all its tile loads are TMA copies and the kernel does not return early: unused blocks run
-an empty loop instead, and gate_up reads a copy of its token rows in grouped order
-(kernels/moe_row_gather.py) instead of gathering them.
 """
 from __future__ import annotations
 
@@ -44,7 +36,6 @@ from minisgl.kernels.fp8_gemm import load_k_tile
 from minisgl.kernels.fp8_quant import GROUP, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
-from minisgl.kernels.moe_row_gather import gather_grouped_rows
 
 logger = logging.getLogger(__name__)
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
@@ -67,23 +58,19 @@ def _weight_tile(w_desc, w_ptrs, row, kb, n_ok, K, TMA: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def _gate_up_fp8_sums(x_ptr, x_desc, x_row, xs_ptr, rows, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs, g_row,
-                      gs_first, inter, stride_wn, up_scale_offset, real, n_ok, K, k_steps,
-                      TMA: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gate_up_fp8_sums(x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs, g_row,
+                      gs_first, inter, stride_wn, up_scale_offset, real, n_ok, K,
+                      TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """gate and up sums over k_steps K steps of one FP8 tile whose rows share a weight block
-    (BLOCK_N | 128). Its token rows are x's `rows`; with WS, x is the grouped copy and its block's
-    BLOCK_M rows from x_row on come through x_desc."""
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    xs_ptrs = xs_ptr + rows * stride_xsm
+    """gate and up sums over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
+    token = (pair // top_k).to(tl.int64)
+    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    xs_ptrs = xs_ptr + token * stride_xsm
     u_ptrs = g_ptrs + inter * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in tl.range(0, k_steps, warp_specialize=WS):
-        if WS:
-            x = x_desc.load([x_row, kb * BLOCK_K])
-        else:
-            x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
+    for kb in range(tl.cdiv(K, BLOCK_K)):
+        x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
         xs = tl.load(xs_ptrs + kb * stride_xsk, mask=real, other=1.0)
         g = _weight_tile(w_desc, g_ptrs, g_row, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
         u = _weight_tile(w_desc, u_ptrs, g_row + inter, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
@@ -94,13 +81,13 @@ def _gate_up_fp8_sums(x_ptr, x_desc, x_row, xs_ptr, rows, stride_xm, stride_xsm,
 
 @triton.jit
 def _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, h_row, stride_hm, stride_hsm, stride_hsk, w_desc, w_ptrs, w_row,
-                   ws_first, real, n_ok, K, k_steps, TMA: tl.constexpr, WS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   ws_first, real, n_ok, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """down's sum over k_steps K steps of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
+    """down's sum over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
     h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + tl.arange(0, BLOCK_K)[None, :]
     hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in tl.range(0, k_steps, warp_specialize=WS):
+    for kb in range(tl.cdiv(K, BLOCK_K)):
         if TMA:
             h = h_desc.load([h_row, kb * BLOCK_K])
         else:
@@ -109,14 +96,6 @@ def _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, h_row, stride_hm, stride_hsm, str
         hs = tl.load(hs_ptrs + kb * stride_hsk, mask=real, other=1.0)
         acc = _scaled_step(acc, h, w, hs, tl.load(ws_first + kb))
     return acc
-
-
-@triton.jit
-def _k_steps(expert, K, BLOCK_K: tl.constexpr):
-    """K steps of this program's loop: none for an unused block (expert < 0). Without WS such a block
-    returns at once; a warp-specialised loop cannot be partitioned in a kernel that returns early
-    (Triton 3.6), so there it runs no step and its stores, masked by its zero real rows, write nothing."""
-    return tl.where(expert >= 0, tl.cdiv(K, BLOCK_K), 0)
 
 
 @triton.jit
@@ -145,31 +124,25 @@ def _program_tiles(rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
 def _moe_gate_up_large_kernel(
-    x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     num_blocks, top_k, inter, K, rows_per_expert,
     stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     stride_hsm, stride_hsk,
-    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid_b, pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
+    _, pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
         rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, inter,
         stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    k_steps = _k_steps(expert, K, BLOCK_K)
-    if not WS:
-        if expert < 0:
-            return
-    if WS:  # x is the grouped copy (kernels/moe_row_gather.py): this block's rows are its own
-        rows = pos.to(tl.int64)
-    else:
-        rows = (pair // top_k).to(tl.int64)
+    if expert < 0:
+        return
     if FP8 and BLOCK_K % BLOCK_N == 0:
         acc_g, acc_u = _gate_up_fp8_sums(
-            x_ptr, x_desc, pid_b * BLOCK_M, xs_ptr, rows, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
+            x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
             expert * rows_per_expert + pid_n * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
-            real, n_ok, K, k_steps, TMA, WS, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            real, n_ok, K, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
         )
     else:
         acc_g, acc_u = gate_up_sums(
@@ -196,7 +169,7 @@ def _moe_down_large_kernel(
     h_ptr, h_desc, hs_ptr, w_ptr, w_desc, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     num_blocks, N, K,
     stride_hm, stride_hsm, stride_hsk, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
-    FP8: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr,
+    FP8: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -204,13 +177,11 @@ def _moe_down_large_kernel(
         rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, N,
         stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
     )
-    k_steps = _k_steps(expert, K, BLOCK_K)
-    if not WS:
-        if expert < 0:
-            return
+    if expert < 0:
+        return
     if FP8 and BLOCK_K % BLOCK_N == 0:
         acc = _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, pid_b * BLOCK_M, stride_hm, stride_hsm, stride_hsk, w_desc,
-                             w_ptrs, expert * N + pid_n * BLOCK_N, s_first, real, n_ok, K, k_steps, TMA, WS,
+                             w_ptrs, expert * N + pid_n * BLOCK_N, s_first, real, n_ok, K, TMA,
                              BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
     else:
         acc = down_sums(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), h_ptr, hs_ptr, pos, stride_hm, stride_hsm,
@@ -269,18 +240,14 @@ def gate_up_large(
     scale = s if fp8 else w  # unused pointers when bf16
     h_scale = hs if hs is not None else h
     tma = _tma(tile, fp8, w)
-    ws = tma and tile.warp_specialize
-    if ws:  # the copy has w's K and dtype, so TMA reads it where it reads w
-        xq, xs = gather_grouped_rows(xq, xs, g)
     _moe_gate_up_large_kernel[_programs(g, inter, tile)](
-        xq, _descriptor(xq, g.block_m, ws), xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale,
-        g.rows, g.block_expert, g.block_rows,
+        xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None,
-        TMA=tma, WS=ws,
+        TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
@@ -300,6 +267,6 @@ def down_large(
         g.rows, g.block_expert, g.block_rows, g.max_blocks, n, k,
         hq.stride(0), hs.stride(0), hs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, y.stride(0),
-        FP8=fp8, TMA=tma, WS=tma and tile.warp_specialize, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP,
-        EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        FP8=fp8, TMA=tma, BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0,
+        GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
