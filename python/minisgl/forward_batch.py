@@ -42,6 +42,19 @@ class CallOrder:
 
 
 @dataclass(frozen=True)
+class StateFlow:
+    """Where a GDN chunked-rule call's recurrent states come from and go (host facts of the step):
+    `fresh`, every piece starts its request (no cached prefix, first piece): zeros in, nothing read
+    from the pool; `hand_on`, the next call continues exactly these requests in this order (a pair
+    of halves): the final states go to it, not through the pool; `live`, the call's requests on a
+    real slot (the dummy slot 0 of the warm-up keeps its contents): whose final states the pool takes."""
+
+    fresh: bool
+    hand_on: bool
+    live: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ForwardBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
@@ -111,6 +124,20 @@ class ForwardBatch:
             groups.append(RequestGroup(row, row + at, cu, self.slots[i:j], lens, tuple(segments)))
             row += at
         return tuple(groups)
+
+    @functools.cached_property
+    def state_flows(self) -> tuple[StateFlow, ...]:
+        """One StateFlow per call of gdn_calls."""
+        calls = self.gdn_calls
+        flows = []
+        for i, call in enumerate(calls):
+            nxt = calls[i + 1] if i + 1 < len(calls) else ()
+            hand_on = len(nxt) == len(call) and all(
+                q.request == p.request and q.offset == p.offset + p.length for p, q in zip(call, nxt))
+            fresh = all(p.offset == 0 and self.prefix_lens[p.request] == 0 for p in call)
+            live = tuple(j for j, p in enumerate(call) if self.slot_ids[p.request] != 0)
+            flows.append(StateFlow(fresh, hand_on, live))
+        return tuple(flows)
 
     def _whole(self, call: tuple[Piece, ...]) -> bool:
         return all(p.offset == 0 and p.length == self.extend_lens[p.request] for p in call)

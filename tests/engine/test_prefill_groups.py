@@ -82,6 +82,18 @@ def test_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str, decodes: 
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 
+def test_state_flows_read_hand_on_and_write_only_what_is_needed() -> None:
+    table = torch.zeros(5, 200, dtype=torch.int64)
+    # Two lone fresh prompts as halves, then a later chunk of a third request: the first call reads
+    # nothing and hands on, the second reads the handed states and writes; the third reads its slot.
+    batch = ForwardBatch.build([[1] * 3000, [2] * 2600, [3] * 3000], [0, 0, 64], [1, 2, 3], table, 64, "cpu")
+    assert [(f.fresh, f.hand_on, f.live) for f in batch.state_flows] == [
+        (True, True, (0, 1)), (False, False, (0, 1)), (False, False, (0,))]
+    # Warm-up requests on the dummy slot 0: none of their states is written.
+    batch = ForwardBatch.build([[1] * 30, [2] * 20], [0, 0], [0, 4], table, 64, "cpu")
+    assert [(f.fresh, f.hand_on, f.live) for f in batch.state_flows] == [(True, False, (1,))]
+
+
 def test_an_engines_bound_reaches_its_batches(tiny_checkpoints) -> None:
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=8,
               context_length=4096)

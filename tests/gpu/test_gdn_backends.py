@@ -13,6 +13,7 @@ from kernel_checks import DEVICE, assert_close, others, random_slots
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.gdn.prefill_states import delta_prefill
 from minisgl.gdn.registry import GDN_BACKENDS
 
 pytestmark = pytest.mark.gpu
@@ -58,7 +59,7 @@ def mixer_step(backend, inp, params, conv_state, ssm_state, slots, cu, shape):
     delta = DeltaInputs(q, k, v, inp["a"], inp["b"], params["A_log"], params["dt_bias"])
     if cu is None:
         return backend.delta_decode(delta, ssm_state, slots)
-    return backend.delta_prefill(delta, cu, ssm_state, slots)
+    return delta_prefill(backend, delta, cu, ssm_state, slots)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -18,6 +18,8 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (
 )
 
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.forward_batch import StateFlow
+from minisgl.gdn.prefill_states import delta_prefill
 from minisgl.gdn.registry import GDN_BACKENDS
 
 FP32_TOL = 1e-5
@@ -143,7 +145,7 @@ def test_delta_prefill_varlen(backend, ref_fn) -> None:
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     before = pool.clone()
 
-    out = backend.delta_prefill(inp, cu, pool, torch.tensor(slots))
+    out = delta_prefill(backend, inp, cu, pool, torch.tensor(slots))[0]
 
     assert out.shape == (int(cu[-1]), HV, V) and out.dtype == torch.float32
     for i, slot in enumerate(slots):
@@ -152,6 +154,45 @@ def test_delta_prefill_varlen(backend, ref_fn) -> None:
         assert rel_err(pool[slot], ref_state) <= FP32_TOL, f"request {i} (len {lengths[i]})"
     untouched = [s for s in range(NUM_SLOTS) if s not in slots]
     assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_halves_hand_fp32_states_on_past_a_bf16_pool(backend) -> None:
+    """A request in two calls (cut at 64 tokens) whose first call hands its final state on computes
+    what one call does, though the pool is bf16 and the first call writes nothing to it; through the
+    pool the state is rounded between the calls, which moves the second call's outputs."""
+    inp = gdn_inputs(130)
+    pool = (torch.randn(NUM_SLOTS, HV, K, V) * 0.5).to(torch.bfloat16)
+    whole_pool, before = pool.clone(), pool.clone()
+    slots = torch.tensor([3])
+    whole, _ = delta_prefill(backend, inp, cu_seqlens_of([130]), whole_pool, slots)
+    first, handed = delta_prefill(backend, token_rows(inp, slice(0, 64)), cu_seqlens_of([64]), pool, slots,
+                                  flow=StateFlow(False, True, (0,)))
+    assert handed.dtype == torch.float32 and torch.equal(pool, before)  # nothing written yet
+    second, _ = delta_prefill(backend, token_rows(inp, slice(64, 130)), cu_seqlens_of([66]), pool, slots,
+                              flow=StateFlow(False, False, (0,)), handed=handed)
+    assert rel_err(torch.cat([first, second]), whole) <= FP32_TOL
+    assert rel_err(pool[3], whole_pool[3]) <= BF16_TOL  # the same fp32 state, rounded once
+    assert torch.equal(pool[[0, 1, 2, 4, 5, 6, 7, 8]], before[[0, 1, 2, 4, 5, 6, 7, 8]])
+    # Through the pool, the second call starts from the rounded state.
+    rounded, _ = delta_prefill(backend, token_rows(inp, slice(64, 130)), cu_seqlens_of([66]),
+                               handed.to(torch.bfloat16), torch.tensor([0]))
+    assert rel_err(rounded, second) > 10 * FP32_TOL
+
+
+def test_a_fresh_call_reads_no_slot_and_the_dummy_slot_is_never_written(backend) -> None:
+    lengths = [40, 70]
+    cu = cu_seqlens_of(lengths)
+    inp = gdn_inputs(110)
+    pool = torch.full((NUM_SLOTS, HV, K, V), float("nan"))  # a fresh request must not read its slot
+    pool[0] = torch.randn(HV, K, V)
+    zeros = torch.zeros(NUM_SLOTS, HV, K, V)
+    dummy = pool[0].clone()
+    out, _ = delta_prefill(backend, inp, cu, pool, torch.tensor([0, 5]), flow=StateFlow(True, False, (1,)))
+    ref, _ = delta_prefill(backend, inp, cu, zeros, torch.tensor([2, 5]))
+    assert torch.isfinite(out).all() and rel_err(out, ref) <= FP32_TOL
+    assert torch.equal(pool[0], dummy)  # slot 0 (warm-up, padding) keeps its contents
+    assert torch.equal(pool[5], zeros[5])
+    assert pool[[1, 2, 3, 4, 6, 7, 8]].isnan().all()
 
 
 def test_delta_decode(backend) -> None:
@@ -184,7 +225,7 @@ def test_delta_decode_steps_equal_prefill(backend) -> None:
     )  # [steps, B, HV, V]
     # Same tokens regrouped request-major for one varlen prefill.
     request_major = torch.arange(steps * 2).view(steps, 2).T.flatten()
-    out = backend.delta_prefill(token_rows(inp, request_major), cu_seqlens_of([steps, steps]), pool_prefill, slots)
+    out = delta_prefill(backend, token_rows(inp, request_major), cu_seqlens_of([steps, steps]), pool_prefill, slots)[0]
 
     assert rel_err(decoded.transpose(0, 1).flatten(0, 1), out) <= FP32_TOL
     assert rel_err(pool[slots], pool_prefill[slots]) <= FP32_TOL
@@ -211,9 +252,9 @@ def test_bf16_inputs_fp32_state(backend) -> None:
     pool = torch.randn(NUM_SLOTS, HV, K, V) * 0.5
     pool32 = pool.clone()
 
-    out = backend.delta_prefill(inp, cu, pool, slots)
+    out = delta_prefill(backend, inp, cu, pool, slots)[0]
     inp32 = DeltaInputs(**{n: x.float() for n, x in vars(inp).items()})
-    out32 = backend.delta_prefill(inp32, cu, pool32, slots)
+    out32 = delta_prefill(backend, inp32, cu, pool32, slots)[0]
     assert out.dtype == torch.bfloat16 and pool.dtype == torch.float32
     assert rel_err(out, out32) <= BF16_TOL
     assert rel_err(pool, pool32) <= FP32_TOL  # state math is fp32 on the same (bf16-exact) inputs
@@ -240,7 +281,7 @@ def test_bf16_state_pool(backend) -> None:
     total = int(cu[-1])
     outs = {}
     for name, pool in (("fp32", pool32), ("bf16", pool16)):
-        res = [backend.delta_prefill(token_rows(inp, slice(0, total)), cu, pool, slots)]
+        res = [delta_prefill(backend, token_rows(inp, slice(0, total)), cu, pool, slots)[0]]
         for t in range(total, total + 16, 2):
             res.append(backend.delta_decode(token_rows(inp, slice(t, t + 2)), pool, slots))
         outs[name] = torch.cat(res)

@@ -36,11 +36,13 @@ class GDNBackend(Protocol):
         """x [B, C], one token per request -> [B, C] (or into `out`); each slot's window shifts by one."""
         ...
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
-                      lengths: Sequence[int] | None = None) -> Tensor:
-        """The chunked gated delta rule over each request, ssm_state [N, HV, K, V] -> o [T, HV, V].
-        lengths: the requests' token counts when the caller knows them on the host (what cu_seqlens
-        holds; a backend that needs them there reads them instead of waiting for the device)."""
+    def delta_chunked(self, inp: DeltaInputs, cu_seqlens: Tensor, initial: Tensor | None,
+                      lengths: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """The chunked gated delta rule over each request from its initial state (initial [N, HV, K, V]
+        in any float dtype; None: zeros) -> (o [T, HV, V], final states [N, HV, K, V] fp32). Touches no
+        pool: gdn/prefill_states.py moves the states. lengths: the requests' token counts when the
+        caller knows them on the host (what cu_seqlens holds; a backend that needs them there reads
+        them instead of waiting for the device)."""
         ...
 
     def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:

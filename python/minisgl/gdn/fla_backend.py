@@ -1,8 +1,8 @@
 """GDN backend "fla": our Triton conv and decode kernels, with prefill's gated delta rule on
 flash-linear-attention's varlen `chunk_gated_delta_rule` (importing this module needs fla).
 
-Prefill gathers the requests' initial states from their slots, runs a group of requests
-(prefill_groups.py) in one varlen call, and scatters the final states back; prefill is
+Prefill runs a call of requests (prefill_groups.py) as one varlen call from the initial states
+gdn/prefill_states.py gathers (or hands on), which scatters the final states back; prefill is
 compute-bound, so the copies cost little there, unlike decode, which updates the pool in place
 (kernels/gated_delta_decode.py).
 """
@@ -51,11 +51,10 @@ class FlaGDNBackend(TritonGDNBackend):
         self._varlen = [*self._varlen[1 - _KEPT_VARLEN :], (cu_seqlens, args)]
         return args
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
-                      lengths: Sequence[int] | None = None) -> Tensor:
-        """inp varlen over cu_seqlens -> o [T, HV, V]."""
+    def delta_chunked(self, inp: DeltaInputs, cu_seqlens: Tensor, initial: Tensor | None,
+                      lengths: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """inp varlen over cu_seqlens from `initial` (None: zeros) -> (o [T, HV, V], final states fp32)."""
         g, beta = inp.gates()  # fp32, exactly the reference's gates
-        initial = ssm_state[slots]
         cu, indices = self._varlen_args(cu_seqlens, lengths)
         o, final = chunk_gated_delta_rule(
             inp.q[None], inp.k[None], inp.v[None], g[None], beta[None],
@@ -66,7 +65,4 @@ class FlaGDNBackend(TritonGDNBackend):
             cu_seqlens=cu,
             chunk_indices=indices,
         )
-        # Padding rows (slot 0) write back the state they read, so slot 0 keeps its contents.
-        live = (slots != 0)[:, None, None, None]
-        ssm_state[slots] = final.where(live, initial).to(ssm_state.dtype)
-        return o[0]
+        return o[0], final

@@ -4,9 +4,10 @@ Varlen batches are flat over tokens with `cu_seqlens` [B+1] delimiting requests;
 state slot `slots[i]` in the per-layer pools, whose contents are its initial state (the pool zeroes a
 slot before a request's first prefill). States are updated in place.
 
-Padding: rows whose slot is 0 (the dummy) are computed like real rows and their state is written to
-slot 0, which is scratch; when several padding rows share slot 0, which write lands is unspecified.
-Real requests must carry distinct non-zero slots.
+Padding: decode rows whose slot is 0 (the dummy) are computed like real rows and their state is
+written to slot 0, which is scratch; when several padding rows share slot 0, which write lands is
+unspecified. Real requests must carry distinct non-zero slots. Prefill's chunked rule touches no
+pool (gdn/prefill_states.py moves its states).
 """
 from __future__ import annotations
 
@@ -65,21 +66,22 @@ class TorchGDNBackend:
         conv_state[slots] = seq[:, :, 1:].to(conv_state.dtype)
         return _written(y.to(x.dtype), out)
 
-    def delta_prefill(self, inp: DeltaInputs, cu_seqlens: Tensor, ssm_state: Tensor, slots: Tensor,
-                      lengths: Sequence[int] | None = None) -> Tensor:
-        """inp varlen over cu_seqlens, ssm_state [N, HV, K, V] -> o [T, HV, V]."""
+    def delta_chunked(self, inp: DeltaInputs, cu_seqlens: Tensor, initial: Tensor | None,
+                      lengths: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """inp varlen over cu_seqlens from `initial` [N, HV, K, V] (None: zeros) -> (o [T, HV, V],
+        final states [N, HV, K, V] fp32)."""
         q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2])
         g, beta = inp.gates()
         v = inp.v.float()
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         bounds = cu_seqlens.tolist() if lengths is None else [0, *itertools.accumulate(lengths)]
-        for i, slot in enumerate(slots.tolist()):
+        hv, dk, dv = v.shape[1], q.shape[-1], v.shape[-1]
+        final = torch.zeros((len(bounds) - 1, hv, dk, dv), dtype=torch.float32, device=v.device)
+        for i in range(len(bounds) - 1):
             s, e = bounds[i], bounds[i + 1]
-            out[s:e], state = chunk_gated_delta_rule(
-                q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], ssm_state[slot].float()
-            )
-            ssm_state[slot] = state
-        return out.to(inp.v.dtype)
+            start = final[i] if initial is None else initial[i].float()
+            out[s:e], final[i] = chunk_gated_delta_rule(q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], start)
+        return out.to(inp.v.dtype), final
 
     def delta_decode(self, inp: DeltaInputs, ssm_state: Tensor, slots: Tensor) -> Tensor:
         """inp of one token per request (T = B): one recurrent step per request -> [B, HV, V]."""

@@ -13,6 +13,7 @@ from torch import nn
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.delta_inputs import DeltaInputs
+from minisgl.gdn.prefill_states import delta_prefill
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.linear import column_parallel, row_parallel
@@ -125,14 +126,18 @@ class GatedDeltaNet(nn.Module):
         """The chunked rule over the prefill requests, a call at a time (prefill_groups.py), into `out`
         when given (a mixed step's rows after its decodes): the calls' outputs are copied once, where
         a concatenation after their assembly copied them twice. q, k and v come in the calls' order
-        (the conv wrote them so); the gates are gathered into it."""
+        (the conv wrote them so); the gates are gathered into it. States move as the calls' flows say
+        (gdn/prefill_states.py)."""
+        flows = part.state_flows
         if not part.groups:
-            o = self.backend.delta_prefill(inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens)
+            o, _ = delta_prefill(self.backend, inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens, flows[0])
             return o if out is None else out.copy_(o)
         if part.call_order is not None:
             inp = inp.gates_from(part.call_order.sources)
-        for g in part.groups:
-            o = self.backend.delta_prefill(inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots, g.extend_lens)
+        handed = None
+        for g, flow in zip(part.groups, flows):
+            o, handed = delta_prefill(self.backend, inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots,
+                                      g.extend_lens, flow, handed)
             if out is None:
                 out = o.new_empty((part.num_tokens, *o.shape[1:]))
             for step_row, call_row, n in g.segments:
