@@ -235,8 +235,8 @@ def test_token_counts_in_one_bucket_compile_once() -> None:
     assert len({rows_bucket(t * k, e) for t in counts}) == 1
     kernels = [_quantize_groups_kernel, moe_gemm._moe_gate_up_kernel, moe_gemm._moe_down_kernel,
                moe_gemm_large._moe_gate_up_large_kernel, moe_gemm_large._moe_down_large_kernel,
-               moe_gemm._moe_combine_kernel, moe_align._moe_count_kernel, moe_align._moe_block_table_kernel,
-               moe_align._moe_scatter_kernel]
+               moe_gemm._moe_combine_kernel, moe_align._moe_align_kernel, moe_align._moe_sort_kernel,
+               moe_align._moe_bases_kernel, moe_align._moe_place_kernel]
     before = None
     for t in counts:
         x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
