@@ -26,37 +26,41 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def grouped_against_whole(engine: Engine, step: str, decodes: int = 0) -> list[tuple[str, float]]:
-    """(what, relative error of the run in calls against the whole one): the logits, then the
-    requests' SSM and conv states. With `decodes`, the step is a mixed one: that many requests with
-    10 cached tokens decode a token each before the prompts (their outputs and the prompts' share
-    one buffer)."""
+def one_step(engine: Engine, step: str, decodes: int = 0, grouped: bool = True) -> list[torch.Tensor]:
+    """[logits, the requests' SSM states, their conv states] after one of STEPS on a fresh pool, in
+    its planned calls or (grouped=False) with its requests in one call. With `decodes`, the step is a
+    mixed one: that many requests with 10 cached tokens decode a token each before the prompts
+    (their outputs and the prompts' share one buffer)."""
     lengths, calls = STEPS[step]
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, engine.config.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     history = [torch.randint(0, engine.config.vocab_size, (11,), generator=gen).tolist() for _ in range(decodes)]
-    outs = []
-    for grouped in (True, False):
-        pool = HybridPool(engine.layout, engine.pool_cfg, engine.dtype, engine.device)
-        decoding = [pool.allocate(12) for _ in history]
-        slots = [pool.allocate(n + 1) for n in lengths]
-        for s, n in [*zip(decoding, [11] * decodes), *zip(slots, lengths)]:
-            pool.ensure_tokens(s, n)
-        with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
-            if decodes:  # the decoding requests' first 10 tokens, cached
-                engine.model(ForwardBatch.build([h[:10] for h in history], [0] * decodes, decoding, pool.page_table,
-                                                pool.page_size, engine.device), pool)
-            batch = ForwardBatch.build([h[10:] for h in history] + prompts, [10] * decodes + [0] * len(prompts),
-                                       decoding + slots, pool.page_table, pool.page_size, engine.device)
-            assert batch.leading_decodes == decodes
-            if not grouped:  # the same step with its requests in one call
-                mp.setattr(forward_batch, "prefill_calls",
-                           lambda lens, *bounds: [tuple(Piece(i, 0, n) for i, n in enumerate(lens))])
-            logits = engine.model(batch, pool)
-        slots = decoding + slots
-        made = [[(p.request, p.offset, p.length) for p in call] for call in batch.prefill_requests.gdn_calls]
-        assert made == (calls if grouped else [[(i, 0, n) for i, n in enumerate(lengths)]]), \
-            "the step must split as planned for the test to mean anything"
-        assert (batch.prefill_requests.call_order is not None) == (grouped and step == "halves")
-        outs.append([logits, pool.state.ssm[:, slots].clone(), pool.state.conv[:, slots].clone()])
+    pool = HybridPool(engine.layout, engine.pool_cfg, engine.dtype, engine.device)
+    decoding = [pool.allocate(12) for _ in history]
+    slots = [pool.allocate(n + 1) for n in lengths]
+    for s, n in [*zip(decoding, [11] * decodes), *zip(slots, lengths)]:
+        pool.ensure_tokens(s, n)
+    with pytest.MonkeyPatch.context() as mp, torch.inference_mode():
+        if decodes:  # the decoding requests' first 10 tokens, cached
+            engine.model(ForwardBatch.build([h[:10] for h in history], [0] * decodes, decoding, pool.page_table,
+                                            pool.page_size, engine.device), pool)
+        batch = ForwardBatch.build([h[10:] for h in history] + prompts, [10] * decodes + [0] * len(prompts),
+                                   decoding + slots, pool.page_table, pool.page_size, engine.device)
+        assert batch.leading_decodes == decodes
+        if not grouped:  # the same step with its requests in one call
+            mp.setattr(forward_batch, "prefill_calls",
+                       lambda lens, *bounds: [tuple(Piece(i, 0, n) for i, n in enumerate(lens))])
+        logits = engine.model(batch, pool)
+    slots = decoding + slots
+    made = [[(p.request, p.offset, p.length) for p in call] for call in batch.prefill_requests.gdn_calls]
+    assert made == (calls if grouped else [[(i, 0, n) for i, n in enumerate(lengths)]]), \
+        "the step must split as planned for the test to mean anything"
+    assert (batch.prefill_requests.call_order is not None) == (grouped and step == "halves")
+    return [logits, pool.state.ssm[:, slots].clone(), pool.state.conv[:, slots].clone()]
+
+
+def grouped_against_whole(engine: Engine, step: str, decodes: int = 0) -> list[tuple[str, float]]:
+    """(what, relative error of the run in calls against the whole one): the logits, then the
+    requests' SSM and conv states (one_step)."""
+    outs = [one_step(engine, step, decodes, grouped) for grouped in (True, False)]
     return [(what, rel_err(a, b)) for what, a, b in zip(("logits", "ssm state", "conv state"), *outs)]

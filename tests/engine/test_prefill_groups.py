@@ -9,7 +9,8 @@ import torch
 from minisgl import LLM
 from minisgl.forward_batch import ForwardBatch
 from minisgl.prefill_groups import GROUP_REQUESTS, GROUP_TOKENS, PAIR_MIN_TOKENS, PIECE_ALIGN, prefill_calls, prefill_groups
-from grouped_prefill import STEPS, grouped_against_whole
+from grouped_prefill import STEPS, grouped_against_whole, one_step, rel_err
+from minisgl.gdn.torch_backend import TorchGDNBackend
 
 
 def test_groups_cover_every_request_in_order_within_both_bounds() -> None:
@@ -80,6 +81,21 @@ def test_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str, decodes: 
               context_length=4096)
     for what, err in grouped_against_whole(llm.engine, step, decodes):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("decodes", [0, 3], ids=["prefill", "mixed"])
+def test_q_and_k_normalised_in_the_conv_change_nothing_at_fp32(tiny_checkpoints, decodes: int) -> None:
+    """The fla backend's prefill takes q and k L2-normalised from the conv (the rule then skips its
+    norm): the same step with the torch backend asked to do so gives the same logits and states."""
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, max_running_requests=12,
+              context_length=4096)
+    with pytest.MonkeyPatch.context() as mp:
+        results = []
+        for normalise in (False, True):
+            mp.setattr(TorchGDNBackend, "prefill_conv_normalises_qk", normalise)
+            results.append(one_step(llm.engine, "halves", decodes))
+    for what, a, b in zip(("logits", "ssm state", "conv state"), *results):
+        assert rel_err(b, a) < 1e-5, f"{what}: relative error {rel_err(b, a):.2e}"
 
 
 def test_state_flows_read_hand_on_and_write_only_what_is_needed() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from minisgl.engine.warmup import StepShape, group_size_shapes, mixed_shapes, prefill_shapes
-from minisgl.prefill_groups import GROUP_REQUESTS, prefill_calls, prefill_groups
+from minisgl.engine.warmup import StepShape, mixed_shapes, prefill_shapes
+from minisgl.prefill_groups import prefill_calls
 
 
 def test_mixed_shapes_hold_the_largest_step_beside_decodes() -> None:
@@ -19,22 +19,6 @@ def test_no_extra_step_when_one_chunk_is_the_most() -> None:
     shapes = mixed_shapes(4, 100, 4096, beside_most=100)
     assert max(s.num_tokens for s in shapes) == 104
     assert all(len(s.extend) <= 5 for s in shapes)
-
-
-@pytest.mark.parametrize("chunk", [256, 1000, 1024, 4096, 16384])
-@pytest.mark.parametrize("budget", [8192, 16384, 20000, 32768])
-def test_whole_step_groups_warm_every_band_of_group_sizes(budget: int, chunk: int) -> None:
-    """Under GDN groups of a whole step, the groups the warm-up's group_size_shapes run fall in
-    every band of 65536 rows / key heads (fla's L2 norm's variants) that a served group can reach:
-    at most the budget, and at most GROUP_REQUESTS requests of a chunk each."""
-    largest_group = min(budget, GROUP_REQUESTS * chunk)
-    warmed = {sum(s.extend[i:j]) for s in group_size_shapes(budget, chunk, 40000)
-              for i, j in prefill_groups(s.extend, budget)}
-    assert max(warmed) == largest_group
-    for key_heads in (8, 16, 32, 64):
-        def band(tokens: int) -> int:
-            return -(-tokens * key_heads // 65536)
-        assert {band(n) for n in warmed} >= set(range(1, band(largest_group) + 1)), (key_heads, sorted(warmed))
 
 
 def _pairs(lengths) -> bool:

@@ -78,6 +78,28 @@ def test_conv1d_prefill(width: int, channels: int, dtype: torch.dtype, known_max
     assert torch.equal(ours_state[untouched], state[untouched]), "slots outside the batch (and slot 0) changed"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels,qk", [(48, (32, 8)), (12288, (4096, 128))], ids=["tiny", "122b"])
+def test_conv1d_prefill_normalises_q_and_k_heads(channels: int, qk: tuple[int, int], dtype: torch.dtype) -> None:
+    """With qk_norm (the fla backend's prefill), each head of the first channels comes out
+    L2-normalised from the rounded conv outputs; the rest are the plain conv's outputs."""
+    weight, state = make(channels, 4, dtype)
+    lengths = [1, 70, 5, 130]
+    slots = random_slots(len(lengths), NUM_SLOTS)
+    cu = F.pad(torch.tensor(lengths, device=DEVICE).cumsum(0), (1, 0)).to(torch.int32)
+    x = torch.randn(sum(lengths), channels, dtype=dtype, device=DEVICE)
+    plain = TorchGDNBackend().conv_prefill(x, weight, cu, state.clone(), slots)
+    ref = TorchGDNBackend().conv_prefill(x, weight, cu, state.clone(), slots, qk_norm=qk)
+    out = conv1d_prefill(x, weight, cu, state, slots, max_len=max(lengths), qk_norm=qk)
+    assert_close(out, ref, TOL[dtype], "normalised conv prefill output")
+    normed, head = qk
+    norms = out[:, :normed].float().unflatten(1, (-1, head)).norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=4 * TOL[dtype]), "q and k heads are unit vectors"
+    assert_close(out[:, normed:], plain[:, normed:], TOL[dtype], "v channels untouched")
+    with pytest.raises(ValueError, match="qk_norm"):
+        conv1d_prefill(x, weight, cu, state, slots, qk_norm=(normed, 3 * head))
+
+
 @pytest.mark.parametrize("block_t,block_c,num_warps", [(16, 512, 4), (128, 256, 8)])
 def test_conv1d_prefill_tilings(block_t: int, block_c: int, num_warps: int) -> None:
     """Other tilings the benchmark sweeps compute the same function (122B channels, bf16)."""

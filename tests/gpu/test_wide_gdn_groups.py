@@ -1,8 +1,8 @@
 """Where the warm-up takes GDN groups of a whole step (engine/device_memory.py), each step size is a
-new group size, and fla specialises on it: its L2 norm on a group's tokens x key heads, per 65536
-rows, gives four variants for 16 key heads over 16K-token steps. The served 35B compiled them after
-ready when the warm-up ran only groups of 4,096 tokens and its largest steps. Steps of several
-requests the warm-up never ran must compile nothing; so must steps whose two lone prompts run as
+new group size. fla's L2 norm specialised on it (a group's tokens x key heads, per 65536 rows: four
+variants for 16 key heads over 16K-token steps), and the served 35B compiled them after ready; the
+conv now normalises q and k and fla's norm never runs, so the warm-up runs no step per size band.
+Steps of several requests the warm-up never ran must compile nothing; so must steps whose two lone prompts run as
 halves (prefill_groups.prefill_calls) under groups of 4,096 tokens. (Its own module:
 test_warm_start.py's engines hold the GPU's memory until that module ends.)"""
 from __future__ import annotations

@@ -42,12 +42,14 @@ def _stores(ptx: str) -> list[str]:
 @pytest.mark.parametrize("width", [2, 4])
 def test_prefill_compiles_with_planar_stores_as_wide_as_plain(width: int) -> None:
     tiles = dict(KERNEL_WIDTH=width, BLOCK_T=32, BLOCK_C=512)  # conv1d_prefill's tiling at 122B's channels
-    plain = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=False, ROW_MAP=False)))
-    planar = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=True, ROW_MAP=False)))
-    mapped = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=True, ROW_MAP=True)))
+    plain = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=False, ROW_MAP=False, NORM_HEAD=0)))
+    planar = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=True, ROW_MAP=False, NORM_HEAD=0)))
+    mapped = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=True, ROW_MAP=True, NORM_HEAD=0)))
+    normed = _stores(_ptx(_conv1d_prefill_kernel, tiles | dict(PLANAR=True, ROW_MAP=True, NORM_HEAD=128)))
     assert "st.global.v2.b32" in plain  # 8-byte stores: 4 of 512 channels a thread at 4 warps
     assert planar == plain
     assert mapped == plain
+    assert normed == plain  # the heads' norm (fla's prefill) keeps the stores as they are
 
 
 @pytest.mark.parametrize("planar", [False, True])

@@ -28,7 +28,6 @@ from minisgl.engine.plan import EnginePlan
 from minisgl.engine.warmup import (
     StepShape,
     decode_shapes,
-    group_size_shapes,
     largest_prefill,
     mixed_shapes,
     most_requests,
@@ -195,13 +194,6 @@ def prepare_on_device(
 
     gdn_groups, step_peak = _gdn_group_tokens(wide_peak, step_peak, max_prefill_tokens,
                                               torch.cuda.mem_get_info()[1] - weights, parallel, device)
-    if gdn_groups is not None:
-        # Under whole-step groups each step size is a new group size, which fla specialises on (the
-        # ladder above ran groups of at most 4,096 tokens): every band of sizes, or the server
-        # compiles as its steps grow.
-        with groups_of(gdn_groups):
-            step_peak = max(step_peak, peak_bytes(lambda: run(group_size_shapes(
-                max_prefill_tokens, args.chunked_prefill_size, table_len))))
     # A running request's decode row costs activations in eager mixed steps (the model and the
     # sampler), and with decode graphs once more: the graphs' private pool holds the model's
     # activations at the largest bucket (the sampler runs outside the graphs), and the graphs copy

@@ -58,21 +58,6 @@ def largest_prefill(max_prefill_tokens: int, chunk: int, max_len: int) -> StepSh
     return StepShape(parts, (0,) * len(parts))
 
 
-# fla's L2 norm in its GDN chunked rule specialises on a group's rows (tokens x key heads) in
-# blocks of 65536: 4,096 tokens at 16 key heads, 1,024 at 64.
-GROUP_SIZE_STEP = 1024
-
-
-def group_size_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[StepShape]:
-    """Prefill steps of every multiple of GROUP_SIZE_STEP tokens up to the budget, in full chunks.
-    Under GDN groups of a whole step (engine/device_memory.py) each is a group of its size (or of
-    GROUP_REQUESTS chunks, the largest a group of chunks grows), so every size band a kernel
-    specialises on compiles before the server is ready."""
-    tops = sorted({min(t, max_prefill_tokens) for t in range(GROUP_SIZE_STEP, max_prefill_tokens + GROUP_SIZE_STEP,
-                                                               GROUP_SIZE_STEP)})
-    return [largest_prefill(t, chunk, max_len) for t in tops]
-
-
 def most_requests(max_prefill_tokens: int, max_len: int) -> StepShape:
     """The step of the most requests in one GDN group (GROUP_REQUESTS) that fill the prompt budget."""
     each = max(1, min(max_prefill_tokens // GROUP_REQUESTS, max_len - 1))

@@ -18,16 +18,22 @@ class GDNBackend(Protocol):
     # True when decode (conv_decode, delta_decode) reads only device tensors, so a captured CUDA
     # graph replays it correctly; prefill is never captured.
     cuda_graph_safe: bool
+    # True when prefill's q and k should come L2-normalised from conv_prefill (qk_norm), as rounded
+    # values: fla's rule would round them so after its own norm, which then need not run. The
+    # reference rule normalises them in fp32 itself, unrounded.
+    prefill_conv_normalises_qk: bool
 
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
         max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
+        qk_norm: tuple[int, int] | None = None,
     ) -> Tensor | PlanarOut:
         """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
         or into `out`'s rows from its row0 (returned). max_len: the longest request when the caller
         knows it on the host (it sizes a kernel's grid). row_map [T] int32: token t's output row
         (from row0), a permutation that keeps each request's pieces (cut at prefill_groups.PIECE_ALIGN
-        from its first token) consecutive."""
+        from its first token) consecutive. qk_norm (channels, head_dim): the first `channels`
+        outputs (q and k) L2-normalised over each head, as the delta rule would (DeltaInputs.qk_normed)."""
         ...
 
     def conv_decode(

@@ -32,6 +32,10 @@ def chunk_indices(lengths: Sequence[int]) -> list[int]:
 
 
 class FlaGDNBackend(TritonGDNBackend):
+    # fla's L2 norm autotunes per band of tokens x key heads (a compile for each band a step size
+    # reaches); the conv normalises q and k instead, in one pass it makes anyway.
+    prefill_conv_normalises_qk = True
+
     def __init__(self) -> None:
         super().__init__()
         # (cu_seqlens, (its int64 copy, fla's chunk indices or None)), newest last.
@@ -61,7 +65,7 @@ class FlaGDNBackend(TritonGDNBackend):
             scale=inp.q.shape[-1] ** -0.5,
             initial_state=initial,
             output_final_state=True,
-            use_qk_l2norm_in_kernel=True,
+            use_qk_l2norm_in_kernel=not inp.qk_normed,
             cu_seqlens=cu,
             chunk_indices=indices,
         )

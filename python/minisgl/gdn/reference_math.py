@@ -23,12 +23,13 @@ def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Ten
     return g, b.float().sigmoid()
 
 
-def prepare_qk(q: Tensor, k: Tensor, num_v_heads: int) -> tuple[Tensor, Tensor]:
-    """q, k [..., H, K] -> fp32 [..., HV, K]: L2-normalised, q scaled by K^-0.5, and each key head
-    repeated for its HV // H consecutive value heads (value head j reads key head j // (HV // H))."""
+def prepare_qk(q: Tensor, k: Tensor, num_v_heads: int, normed: bool = False) -> tuple[Tensor, Tensor]:
+    """q, k [..., H, K] -> fp32 [..., HV, K]: L2-normalised (unless `normed`: the conv did it), q scaled
+    by K^-0.5, and each key head repeated for its HV // H consecutive value heads (value head j reads
+    key head j // (HV // H))."""
     group = num_v_heads // q.shape[-2]
-    q = l2norm(q.float()) * q.shape[-1] ** -0.5
-    k = l2norm(k.float())
+    q, k = (q.float(), k.float()) if normed else (l2norm(q.float()), l2norm(k.float()))
+    q = q * q.shape[-1] ** -0.5
     return q.repeat_interleave(group, dim=-2), k.repeat_interleave(group, dim=-2)
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minisgl.gdn.delta_inputs import DeltaInputs
-from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, prepare_qk
+from minisgl.gdn.reference_math import chunk_gated_delta_rule, gated_delta_step, l2norm, prepare_qk
 from minisgl.kernels.planar_out import PlanarOut
 
 
@@ -36,14 +36,17 @@ class TorchGDNBackend:
     """Math is fp32 throughout; outputs come back in the input dtype and states in the pool dtype."""
 
     cuda_graph_safe = True  # decode reads only device tensors (prefill is never captured)
+    prefill_conv_normalises_qk = False
 
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
         max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
+        qk_norm: tuple[int, int] | None = None,
     ) -> Tensor | PlanarOut:
         """x [T, C] pre-conv, weight [C, W], conv_state [N, C, W-1] -> silu(causal depthwise conv) [T, C],
         or into `out` from its row0; token t to row row_map[t] when given. max_len: the longest
-        request, when the caller knows it on the host (sizes a GPU kernel's grid)."""
+        request, when the caller knows it on the host (sizes a GPU kernel's grid). qk_norm (channels,
+        head_dim): the first channels L2-normalised over each head."""
         channels, width = weight.shape
         kernel = weight.float()[:, None, :]
         y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
@@ -55,6 +58,9 @@ class TorchGDNBackend:
             y[start:end] = F.silu(F.conv1d(seq[None], kernel, groups=channels)[0]).T
             # The last W-1 columns include old history when L < W-1, so short requests shift the state.
             conv_state[slot] = seq[:, seq.shape[1] - (width - 1) :]
+        if qk_norm is not None:  # of the rounded outputs, as the rule would read them
+            channels, head = qk_norm
+            y[:, :channels] = l2norm(y[:, :channels].to(x.dtype).float().unflatten(1, (-1, head))).flatten(1)
         return _written(y.to(x.dtype), out, row_map)
 
     def conv_decode(
@@ -70,7 +76,7 @@ class TorchGDNBackend:
                       lengths: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         """inp varlen over cu_seqlens from `initial` [N, HV, K, V] (None: zeros) -> (o [T, HV, V],
         final states [N, HV, K, V] fp32)."""
-        q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2])
+        q, k = prepare_qk(inp.q, inp.k, inp.v.shape[-2], normed=inp.qk_normed)
         g, beta = inp.gates()
         v = inp.v.float()
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)

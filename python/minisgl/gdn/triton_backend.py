@@ -23,8 +23,10 @@ class TritonGDNBackend(TorchGDNBackend):
     def conv_prefill(
         self, x: Tensor, weight: Tensor, cu_seqlens: Tensor, conv_state: Tensor, slots: Tensor,
         max_len: int | None = None, out: PlanarOut | None = None, row_map: Tensor | None = None,
+        qk_norm: tuple[int, int] | None = None,
     ) -> Tensor | PlanarOut:
-        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, out=out, max_len=max_len, row_map=row_map)
+        return conv1d_prefill(x, weight, cu_seqlens, conv_state, slots, out=out, max_len=max_len, row_map=row_map,
+                              qk_norm=qk_norm)
 
     def conv_decode(
         self, x: Tensor, weight: Tensor, conv_state: Tensor, slots: Tensor, out: PlanarOut | None = None

@@ -15,6 +15,8 @@ from minisgl.kernels.planar_out import PlanarOut
 from minisgl.prefill_groups import PIECE_ALIGN
 
 SUPPORTED_WIDTHS = (2, 3, 4)
+# The L2 norm's epsilon inside the square root: the reference's (gdn/reference_math.py L2NORM_EPS).
+_L2_EPS = tl.constexpr(1e-6)  # a jitted function reads only constexpr globals
 
 
 @triton.jit
@@ -116,8 +118,20 @@ def _token(x_ptr, start, t, length, stride_x, cols, cmask):
 
 
 @triton.jit
-def _conv_out(out_ptr, base, step, row, y, live, cmask):
-    tl.store(out_ptr + base + row * step, tl.where(live, _silu(y), 0.0).to(out_ptr.dtype.element_ty), mask=cmask)
+def _conv_out(out_ptr, base, step, row, y, live, cmask, cols, norm_channels, NORM_HEAD: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """silu of the conv sum y, stored; with NORM_HEAD, channels below norm_channels (q and k) are
+    L2-normalised over each head of NORM_HEAD channels (a head never straddles a block: NORM_HEAD
+    divides BLOCK_C): in fp32 from the values rounded to the output's dtype, as a norm after the
+    conv would read them, then rounded again."""
+    y = _silu(y)
+    if NORM_HEAD:
+        if tl.program_id(0) * BLOCK_C < norm_channels:  # v's blocks skip the heads' sums
+            y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+            heads = tl.reshape(y, (BLOCK_C // NORM_HEAD, NORM_HEAD))
+            inv = tl.rsqrt(tl.sum(heads * heads, axis=1) + _L2_EPS)
+            y = tl.where(cols < norm_channels, tl.reshape(heads * inv[:, None], (BLOCK_C,)), y)
+    tl.store(out_ptr + base + row * step, tl.where(live, y, 0.0).to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 # A program slides the conv window down BLOCK_T tokens of one request over BLOCK_C channels: each
@@ -130,9 +144,9 @@ def _conv_out(out_ptr, base, step, row, y, live, cmask):
 @triton.jit(do_not_specialize=["out_rows", "row0"])
 def _conv1d_prefill_kernel(
     x_ptr, w_ptr, state_ptr, slot_ptr, cu_ptr, out_ptr, row_ptr,
-    stride_x, stride_w, stride_slot, stride_c, stride_out, channels, out_rows, row0, split1, split2,
+    stride_x, stride_w, stride_slot, stride_c, stride_out, channels, out_rows, row0, split1, split2, norm_channels,
     KERNEL_WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PLANAR: tl.constexpr,
-    ROW_MAP: tl.constexpr,
+    ROW_MAP: tl.constexpr, NORM_HEAD: tl.constexpr,
 ):
     block = tl.program_id(1)
     req = tl.program_id(2)
@@ -166,13 +180,14 @@ def _conv1d_prefill_kernel(
         x1 = _token(x_ptr, start, t + 1, length, stride_x, cols, cmask)
         x2 = _token(x_ptr, start, t + 2, length, stride_x, cols, cmask)
         x3 = _token(x_ptr, start, t + 3, length, stride_x, cols, cmask)
-        _conv_out(out_ptr, base, step, out_row + t, wa * a + wb * b + wc * c + wd * x0, live, cmask & (t < length))
+        _conv_out(out_ptr, base, step, out_row + t, wa * a + wb * b + wc * c + wd * x0, live, cmask & (t < length),
+                  cols, norm_channels, NORM_HEAD, BLOCK_C)
         _conv_out(out_ptr, base, step, out_row + t + 1, wa * b + wb * c + wc * x0 + wd * x1, live,
-                  cmask & (t + 1 < length))
+                  cmask & (t + 1 < length), cols, norm_channels, NORM_HEAD, BLOCK_C)
         _conv_out(out_ptr, base, step, out_row + t + 2, wa * c + wb * x0 + wc * x1 + wd * x2, live,
-                  cmask & (t + 2 < length))
+                  cmask & (t + 2 < length), cols, norm_channels, NORM_HEAD, BLOCK_C)
         _conv_out(out_ptr, base, step, out_row + t + 3, wa * x0 + wb * x1 + wc * x2 + wd * x3, live,
-                  cmask & (t + 3 < length))
+                  cmask & (t + 3 < length), cols, norm_channels, NORM_HEAD, BLOCK_C)
         a, b, c = x1, x2, x3
 
     # Only block 0 reads the old state (BLOCK_T >= W-1), so it alone writes the final state, after a
@@ -253,6 +268,7 @@ def conv1d_prefill(
     block_c: int | None = None,
     num_warps: int = 4,
     row_map: torch.Tensor | None = None,
+    qk_norm: tuple[int, int] | None = None,
 ) -> torch.Tensor | PlanarOut:
     """x [T, C] varlen over requests delimited by cu_seqlens [B+1]; each request starts from its slot's
     state and leaves its last W-1 inputs there (old history shifted in when it is shorter than W-1).
@@ -269,6 +285,11 @@ def conv1d_prefill(
     # 512 channels at 4 warps: the fastest of bench_gdn_attention.py's tilings at 16K tokens x
     # 12,288 channels on the H200 (0.72 of copy; 1024 and 2048 channels 0.62, 64 tokens 0.24-0.30).
     block_c = block_c or min(512, triton.next_power_of_2(x.shape[1]))
+    norm_channels, norm_head = qk_norm or (0, 0)
+    if qk_norm is not None and (norm_head < 1 or norm_channels % norm_head or block_c % norm_head
+                                or norm_head & (norm_head - 1) or norm_channels > x.shape[1]):
+        raise ValueError(f"qk_norm {qk_norm}: heads of a power-of-two size that divides {block_c} (the channel "
+                         f"block) and the normalised channels, within the {x.shape[1]} channels")
     out = torch.empty_like(x) if out is None else out
     tensor, stride_out, rows, row0, split1, split2, planar = _out_args(x, out)
     channels = x.shape[1]
@@ -281,8 +302,8 @@ def conv1d_prefill(
         # Without a map the kernel never reads row_ptr: cu_seqlens stands in, an int32 pointer alike.
         x, weight, conv_state, slots, cu_seqlens, tensor, cu_seqlens if row_map is None else row_map,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), stride_out, channels,
-        rows, row0, split1, split2,
+        rows, row0, split1, split2, norm_channels,
         KERNEL_WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps, PLANAR=planar,
-        ROW_MAP=row_map is not None,
+        ROW_MAP=row_map is not None, NORM_HEAD=norm_head,
     )
     return out

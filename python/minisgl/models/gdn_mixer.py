@@ -7,6 +7,8 @@ and dt_bias, and the matching columns of out_proj, whose partial sums are the mi
 all-reduce; its state pool holds only its channels and heads."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -104,21 +106,24 @@ class GatedDeltaNet(nn.Module):
         order = part.call_order
         return self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
                                          max(part.extend_lens), out=out.from_row(d),
-                                         row_map=None if order is None else order.rows)
+                                         row_map=None if order is None else order.rows,
+                                         qk_norm=(2 * kd, self.k_dim) if self.backend.prefill_conv_normalises_qk else None)
 
     def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """A mixed step's leading decodes update their states in place (decode kernel); only the
         prefill requests go through the chunked rule, which copies each request's whole state in
-        and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before)."""
+        and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before). The
+        prefill rows' q and k come L2-normalised from the conv where the backend asks (_conv)."""
         if batch.is_decode:
             return self.backend.delta_decode(inp, ssm_state, batch.slots)
         d, part = batch.leading_decodes, batch.prefill_requests
+        prefill = replace(inp.rows(d), qk_normed=self.backend.prefill_conv_normalises_qk)
         if not d:
-            return self._delta_prefill(inp, ssm_state, part)
+            return self._delta_prefill(prefill, ssm_state, part)
         decode = self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d])
         out = decode.new_empty((batch.num_tokens, *decode.shape[1:]))
         out[:d] = decode
-        self._delta_prefill(inp.rows(d), ssm_state, part, out[d:])
+        self._delta_prefill(prefill, ssm_state, part, out[d:])
         return out
 
     def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch,
