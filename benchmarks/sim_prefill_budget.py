@@ -86,7 +86,10 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def allocate(self, reserve_tokens: int) -> int:
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
+        return 0, 0  # no prefix cache: the profiles' prompts share nothing
+
+    def checkpoint(self, prompt_len: int, cached: int) -> int:
         return 0
 
 

@@ -164,20 +164,22 @@ def check_greedy_loop(
     step that produced it. Returns the tokens."""
     eos = engine.config.eos_token_ids
     sched = Scheduler(engine, overlap=overlap)
-    steps: list[tuple[list[int], torch.Tensor]] = []
-    forward, allocate = engine.forward_batch, engine.pool.allocate
+    # Per step: (slot, tokens fed up to then) of each row, and the rows' logits.
+    steps: list[tuple[list[tuple[int, int]], torch.Tensor]] = []
+    forward, admit = engine.forward_batch, engine.pool.admit
     slots: list[int] = []  # admission is first come, first served: request i gets the i-th slot
 
     def recording(batch, rows=None):  # noqa: ANN001, ANN202
         out = forward(batch, rows)
-        steps.append((batch.slots.tolist(), out.float().cpu().clone()))
+        fed = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens)]
+        steps.append((list(zip(batch.slots.tolist(), fed)), out.float().cpu().clone()))
         return out
 
-    def allocating(reserve: int) -> int:
-        slots.append(allocate(reserve))
-        return slots[-1]
+    def admitting(prompt: list[int], reserve: int, reuse: bool) -> tuple[int, int]:
+        slots.append(admit(prompt, reserve, reuse)[0])
+        return slots[-1], 0  # no reuse: each request's steps are the ones checked below
 
-    engine.forward_batch, engine.pool.allocate = recording, allocating
+    engine.forward_batch, engine.pool.admit = recording, admitting
     try:
         for i, (ids, p) in enumerate(zip(prompts, params)):
             sched.add_request(GenerateRequest(f"r{i}", tuple(ids), p))
@@ -186,12 +188,13 @@ def check_greedy_loop(
             for o in sched.step():
                 outs[o.rid].extend(o.new_token_ids)
     finally:
-        engine.forward_batch, engine.pool.allocate = forward, allocate
+        engine.forward_batch, engine.pool.admit = forward, admit
     sched.check_integrity()
     for i, (ids, p) in enumerate(zip(prompts, params)):
         got, slot = outs[f"r{i}"], slots[i]
-        # The t-th step that ran this slot produced its t-th token (later ones are overshoot).
-        rows = [logits[s.index(slot)] for s, logits in steps if slot in s]
+        # The t-th step that ran this slot past its prompt produced its t-th token (later ones are
+        # overshoot; a step that stops inside the prompt, to cache its prefix, samples nothing).
+        rows = [logits[j] for fed, logits in steps for j, (s, n) in enumerate(fed) if s == slot and n >= len(ids)]
         for t, tok in enumerate(got):
             x = processed_logits(rows[t].numpy(), p, ids, got[:t], eos)
             assert x[tok] >= x.max() - 1e-4, f"request {i} step {t}: took {tok}, reference argmax {x.argmax()}"

@@ -43,6 +43,7 @@ class GenerationResult:
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[CompletionOutput, ...]
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # when SamplingParams.prompt_logprobs is set
+    num_cached_tokens: int = 0  # prompt tokens the first sample reused from the prefix cache (vLLM's name)
 
     @property
     def text(self) -> str:
@@ -95,6 +96,11 @@ class LLM:
 
     def close(self) -> None:
         self.scheduler.close()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the cached prompt prefixes (vLLM's name): later prompts reuse nothing cached before."""
+        self.scheduler.flush_cache()
+        return True
 
     def __enter__(self) -> "LLM":
         return self
@@ -175,4 +181,4 @@ class LLM:
             completions.append(CompletionOutput(j, text.push(tokens, finished=True), tokens, outs[-1].finish_reason,
                                                 tuple(e for o in outs for e in o.logprobs)))
         prompt_lp = next((o.prompt_logprobs for o in samples[0] if o.prompt_logprobs is not None), None)
-        return GenerationResult(tuple(prompt), tuple(completions), prompt_lp)
+        return GenerationResult(tuple(prompt), tuple(completions), prompt_lp, samples[0][-1].num_cached_tokens)

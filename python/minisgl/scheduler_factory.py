@@ -2,6 +2,8 @@
 or, with --afd, the coordinator over attention and expert worker processes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from minisgl.afd.args import AfdArgs
 from minisgl.engine.engine import Engine
 from minisgl.engine.plan import EnginePlan
@@ -20,5 +22,9 @@ def build_scheduler(
     if afd is not None:
         from minisgl.afd.coordinator import Coordinator
 
+        # The lanes keep no prefix cache (the workers do not copy states); their plans, re-resolved
+        # from the flags on each worker's device, must say so too.
+        plan = replace(plan, args=replace(plan.args, disable_radix_cache=True),
+                       pool=replace(plan.pool, prefix_cache=False))
         return Coordinator(plan, afd, make_decoder, sched_args)
     return Scheduler(Engine(plan, max_prefill_tokens=sched_args.max_prefill_tokens), make_decoder, sched_args)

@@ -54,7 +54,10 @@ def _greedy() -> SamplingParams:
 
 
 def _assert_pool_empty(llm: LLM) -> None:
+    """Every page and slot back, once the prefix cache lets go of what it keeps."""
     pool = llm.engine.pool
+    pool.check_integrity()
+    pool.flush_cache()
     pool.check_integrity()
     assert pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
 

@@ -51,9 +51,12 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def allocate(self, reserve_tokens: int) -> int:
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
         self.next_slot += 1
-        return self.next_slot
+        return self.next_slot, 0
+
+    def checkpoint(self, prompt_len: int, cached: int) -> int:
+        return 0
 
 
 def _decoding(i: int) -> Request:

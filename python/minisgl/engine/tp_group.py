@@ -67,7 +67,7 @@ def rank_devices(dev: torch.device, tp_size: int) -> list[str]:
 class PoolOp:
     """One change rank 0 made to its pool's device tables, replayed by the followers in order."""
 
-    kind: str  # "assign" | "reset" | "clear"
+    kind: str  # "assign" | "reset" | "clear" | "copy" (slot's state := that of slot `start`)
     slot: int
     start: int = 0
     pages: tuple[int, ...] = ()
@@ -115,6 +115,10 @@ class JournaledPool(HybridPool):
         super().clear_slot(slot)
         self._ops.append(PoolOp("clear", slot))
 
+    def copy_state(self, src: int, dst: int) -> None:
+        super().copy_state(src, dst)
+        self._ops.append(PoolOp("copy", dst, src))
+
     def take_ops(self) -> tuple[PoolOp, ...]:
         ops, self._ops = tuple(self._ops), []
         return ops
@@ -126,6 +130,8 @@ def apply_ops(pool: HybridPool, ops: tuple[PoolOp, ...]) -> None:
             pool.assign_pages(op.slot, op.start, list(op.pages))
         elif op.kind == "reset":
             pool.reset_slot(op.slot)
+        elif op.kind == "copy":
+            pool.copy_state(op.start, op.slot)
         else:
             pool.clear_slot(op.slot)
 

@@ -4,13 +4,26 @@ A running request holds one request slot s ∈ [1, max_running] and the pages th
 grown as it decodes within a page budget reserved at admission, so it never runs out mid-decode.
 The colocated HybridPool uses it next to its tensors; the AFD coordinator uses it alone, for each
 attention worker's lane, and ships the resulting page assignments in the step plans.
+
+With the prefix cache, idle slots and pages keep the prompt prefixes of earlier requests (an
+entry: the pages of a whole number of pages' tokens and a slot with the recurrent state after
+them). A new request whose prompt starts with an entry borrows its pages and a copy of its state.
+Entries are evicted, least recently used first, when a slot or a page is wanted: pages held by
+entries alone count as available, so admission never waits on the cache.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from minisgl.kvcache.pages import _num_pages
+from minisgl.kvcache.prefix_index import PrefixEntry, PrefixIndex
 
 DUMMY_PAGE = 0
 DUMMY_SLOT = 0
+# A prefix is cached at least this many tokens before its prompt's end: a chat template renders an
+# earlier turn's generation prompt differently in the next turn's history (Qwen3.5 leaves out the
+# `<think>` it opened with), so the next prompt shares the earlier one up to a few tokens before its end.
+CHECKPOINT_TAIL = 16
 
 
 class PoolExhausted(RuntimeError):
@@ -18,7 +31,8 @@ class PoolExhausted(RuntimeError):
 
 
 class PoolAllocator:
-    def __init__(self, max_running: int, total_pages: int, page_size: int, max_seq_len: int) -> None:
+    def __init__(self, max_running: int, total_pages: int, page_size: int, max_seq_len: int,
+                 prefix_cache: bool = False) -> None:
         self.max_running = max_running
         self.total_pages = total_pages
         self.page_size = page_size
@@ -26,9 +40,15 @@ class PoolAllocator:
         # Pop from the end: low ids first keeps allocation deterministic across runs.
         self._free_pages = list(range(total_pages, DUMMY_PAGE, -1))
         self._free_slots = list(range(max_running, DUMMY_SLOT, -1))
-        self._pages: dict[int, list[int]] = {}
-        self._reserved: dict[int, int] = {}
-        self._reserved_total = 0  # sum of _reserved: admission checks read it every step, at hundreds of slots
+        self._pages: dict[int, list[int]] = {}  # running slot -> its pages, those an entry lent it first
+        self._borrowed: dict[int, int] = {}  # running slot -> how many of its first pages are lent
+        self._reserved: dict[int, int] = {}  # running slot -> pages of its own it may take
+        # Reserved pages not yet taken, summed: admission checks it every step, at hundreds of slots.
+        self._untaken = 0
+        self._slot_refs: dict[int, int] = {}  # page -> running slots holding it
+        self._entry_refs: dict[int, int] = {}  # page -> cache entries holding it
+        self._cache_only = 0  # pages held by entries alone: freed by evicting them
+        self.cache: PrefixIndex | None = PrefixIndex(page_size) if prefix_cache else None
 
     @property
     def free_slots(self) -> int:
@@ -37,6 +57,10 @@ class PoolAllocator:
     @property
     def used_slots(self) -> int:
         return len(self._pages)
+
+    @property
+    def cached_prefixes(self) -> int:
+        return len(self.cache) if self.cache is not None else 0
 
     def holds(self, slot: int) -> bool:
         """Whether `slot` belongs to a running request."""
@@ -47,63 +71,184 @@ class PoolAllocator:
         return len(self._free_pages)
 
     @property
+    def evictable_pages(self) -> int:
+        """Pages only the prefix cache holds."""
+        return self._cache_only
+
+    @property
     def available_pages(self) -> int:
-        """Free pages not already promised to running requests: each slot holds at most what it
-        reserved, and every page not free is held, so this is total - reserved."""
-        return self.total_pages - self._reserved_total
+        """Pages not already promised to running requests: free ones and those only the cache holds,
+        less what running requests reserved and have not taken (without the cache: total - reserved)."""
+        return len(self._free_pages) + self._cache_only - self._untaken
 
     def can_allocate(self, reserve_tokens: int) -> bool:
-        return bool(self._free_slots) and _num_pages(reserve_tokens, self.page_size) <= self.available_pages
+        return (bool(self._free_slots) or self.cached_prefixes > 0) and \
+            _num_pages(reserve_tokens, self.page_size) <= self.available_pages
 
     def allocate(self, reserve_tokens: int) -> int:
         """Take a slot and reserve pages for up to `reserve_tokens` tokens."""
+        return self.admit_entry((), reserve_tokens, reuse=False)[0]
+
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
+        """(slot, prompt tokens reused from the cache): allocate(), starting from the longest cached
+        prefix of `prompt` where `reuse`. (The AFD lanes' allocators keep no cache: 0 tokens.)"""
+        slot, entry = self.admit_entry(prompt, reserve_tokens, reuse)
+        return slot, len(entry.tokens) if entry is not None else 0
+
+    def admit_entry(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, PrefixEntry | None]:
+        """admit(), naming the entry whose pages the slot borrowed (its state is the caller's to copy)."""
         if reserve_tokens > self.max_seq_len:
             raise PoolExhausted(f"a request of {reserve_tokens} tokens exceeds max_seq_len={self.max_seq_len}")
-        if not self._free_slots:
+        if not self._free_slots and not self.cached_prefixes:
             raise PoolExhausted(f"no free request slot (all {self.max_running} in use)")
         need = _num_pages(reserve_tokens, self.page_size)
         if need > self.available_pages:
             raise PoolExhausted(f"{need} pages needed, {self.available_pages} available")
-        slot = self._free_slots.pop()
-        self._pages[slot] = []
-        self._reserved[slot] = need
-        self._reserved_total += need
-        return slot
+        entry = self.cache.match(prompt) if reuse and self.cache is not None else None
+        lent = list(entry.pages) if entry is not None else []
+        for page in lent:  # held before a slot is taken: that may evict the entry itself
+            self._hold(page, by_slot=True)
+        slot = self._take_slot()
+        self._pages[slot] = lent
+        self._borrowed[slot] = len(lent)
+        self._reserved[slot] = need - len(lent)
+        self._untaken += need - len(lent)
+        return slot, entry
+
+    def checkpoint(self, prompt_len: int, cached: int) -> int:
+        """Where a new request's prefill should stop once so its prefix can be cached (0: nowhere):
+        the last page boundary at least CHECKPOINT_TAIL tokens before the prompt's end, past what it
+        reused, while a slot could hold the entry."""
+        if self.cache is None or not (self._free_slots or self.cached_prefixes):
+            return 0
+        at = (prompt_len - CHECKPOINT_TAIL) // self.page_size * self.page_size
+        return at if at > cached else 0
+
+    def cache_prefix(self, slot: int, tokens: Sequence[int]) -> PrefixEntry | None:
+        """Keep the first len(tokens) tokens (whole pages) of running `slot` as an entry: its pages
+        are shared, its state goes to a slot of the entry's own (the caller copies it). None where
+        no slot is to be had or the prefix is cached already."""
+        if self.cache is None or not (self._free_slots or self.cached_prefixes):
+            return None
+        pages = tuple(self._pages[slot][: len(tokens) // self.page_size])
+        entry_slot = self._take_slot()
+        entry = PrefixEntry(tuple(tokens), pages, entry_slot)
+        if not self.cache.insert(entry):
+            self._free_slots.append(entry_slot)
+            return None
+        for page in pages:
+            self._hold(page, by_slot=False)
+        return entry
 
     def ensure_tokens(self, slot: int, tokens: int) -> tuple[int, list[int]]:
         """Grow the slot's pages so `tokens` tokens fit; returns (index of the first new page, new pages)."""
         pages = self._pages[slot]
         need = _num_pages(tokens, self.page_size)
-        if need > self._reserved[slot]:
+        if need - self._borrowed[slot] > self._reserved[slot]:
             raise PoolExhausted(
-                f"slot {slot} needs {need} pages for {tokens} tokens but reserved {self._reserved[slot]}"
+                f"slot {slot} needs {need} pages for {tokens} tokens but reserved {self._reserved[slot]} "
+                f"beside {self._borrowed[slot]} lent"
             )
         start = len(pages)
-        new = [self._free_pages.pop() for _ in range(max(0, need - start))]
+        new = [self._take_page() for _ in range(max(0, need - start))]
         pages.extend(new)
+        self._untaken -= len(new)
         return start, new
 
     def free(self, slot: int) -> None:
         pages = self._pages.pop(slot)
-        self._reserved_total -= self._reserved.pop(slot)
-        self._free_pages.extend(reversed(pages))
+        borrowed = self._borrowed.pop(slot)
+        self._untaken -= self._reserved.pop(slot) - (len(pages) - borrowed)
+        for page in reversed(pages):
+            self._drop(page, by_slot=True)
         self._free_slots.append(slot)
 
+    def flush_cache(self) -> int:
+        """Evict every cached prefix (their pages and slots go back unless running requests hold
+        them); returns how many there were."""
+        n = self.cached_prefixes
+        while self._evict_one():
+            pass
+        return n
+
+    # -- pages and slots, with the cache's holds -------------------------------------------------
+    def _cache_holds_alone(self, page: int) -> bool:
+        return page in self._entry_refs and page not in self._slot_refs
+
+    def _count(self, page: int, by_slot: bool, delta: int) -> None:
+        """Add `delta` to the page's holds by running slots or by entries; a page no one holds is free."""
+        refs = self._slot_refs if by_slot else self._entry_refs
+        alone = self._cache_holds_alone(page)
+        if n := refs.get(page, 0) + delta:
+            refs[page] = n
+        else:
+            del refs[page]
+        self._cache_only += self._cache_holds_alone(page) - alone
+        if page not in self._slot_refs and page not in self._entry_refs:
+            self._free_pages.append(page)
+
+    def _hold(self, page: int, by_slot: bool) -> None:
+        self._count(page, by_slot, 1)
+
+    def _drop(self, page: int, by_slot: bool) -> None:
+        self._count(page, by_slot, -1)
+
+    def _take_page(self) -> int:
+        while not self._free_pages:
+            if not self._evict_one():
+                raise PoolExhausted("no free page and no cached prefix to evict")
+        page = self._free_pages.pop()
+        self._slot_refs[page] = 1
+        return page
+
+    def _take_slot(self) -> int:
+        if not self._free_slots and not self._evict_one():
+            raise PoolExhausted(f"no free request slot (all {self.max_running} in use)")
+        return self._free_slots.pop()
+
+    def _evict_one(self) -> bool:
+        entry = self.cache.pop_least_recent() if self.cache is not None else None
+        if entry is None:
+            return False
+        for page in entry.pages:
+            self._drop(page, by_slot=False)
+        self._free_slots.append(entry.slot)
+        return True
+
     def check_integrity(self) -> None:
-        """free + used == total, for pages and for slots, with no page or slot held twice."""
-        held = [p for pages in self._pages.values() for p in pages]
-        all_pages = held + self._free_pages
-        if len(all_pages) != self.total_pages or set(all_pages) != set(range(1, self.total_pages + 1)):
+        """Every page free or held, and its holds counted right; running slots, entries' slots and
+        free slots partition the slots; reservations and their sums agree."""
+        slot_refs: dict[int, int] = {}
+        entry_refs: dict[int, int] = {}
+        entries = self.cache.entries() if self.cache is not None else []
+        for pages in self._pages.values():
+            for p in pages:
+                slot_refs[p] = slot_refs.get(p, 0) + 1
+        for entry in entries:
+            for p in entry.pages:
+                entry_refs[p] = entry_refs.get(p, 0) + 1
+        held = set(slot_refs) | set(entry_refs)
+        if (len(self._free_pages) != len(set(self._free_pages)) or held & set(self._free_pages)
+                or held | set(self._free_pages) != set(range(1, self.total_pages + 1))):
             raise AssertionError(
                 f"page pool corrupt: {len(self._free_pages)} free + {len(held)} held != {self.total_pages} total "
                 f"(or duplicates)"
             )
-        if any(len(pages) > self._reserved[s] for s, pages in self._pages.items()):
-            raise AssertionError("a slot holds more pages than it reserved")
-        if self._reserved_total != sum(self._reserved.values()):
-            raise AssertionError(f"reserved pages miscounted: {self._reserved_total} != {sum(self._reserved.values())}")
-        slots = list(self._pages) + self._free_slots
+        if slot_refs != self._slot_refs or entry_refs != self._entry_refs:
+            raise AssertionError("page holds miscounted")
+        if self._cache_only != len(set(entry_refs) - set(slot_refs)):
+            raise AssertionError("pages held by the cache alone miscounted")
+        untaken = 0
+        for s, pages in self._pages.items():
+            own = len(pages) - self._borrowed[s]
+            if own > self._reserved[s]:
+                raise AssertionError("a slot holds more pages than it reserved")
+            untaken += self._reserved[s] - own
+        if untaken != self._untaken:
+            raise AssertionError(f"reserved pages miscounted: {self._untaken} != {untaken}")
+        slots = list(self._pages) + [e.slot for e in entries] + self._free_slots
         if len(slots) != self.max_running or set(slots) != set(range(1, self.max_running + 1)):
             raise AssertionError(
-                f"slot pool corrupt: {len(self._free_slots)} free + {len(self._pages)} used != {self.max_running}"
+                f"slot pool corrupt: {len(self._free_slots)} free + {len(self._pages)} used + {len(entries)} "
+                f"cached != {self.max_running}"
             )

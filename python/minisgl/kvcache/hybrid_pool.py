@@ -6,6 +6,7 @@ table row (pointing at page 0) are dummies that padded batch entries use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -51,6 +52,7 @@ class PoolConfig:
     num_pages: int | None = None  # usable pages; None = enough for every slot at max_seq_len
     ssm_dtype: str = "float32"
     kv_dtype: str | None = None  # torch's name; None: the activations' dtype
+    prefix_cache: bool = False  # idle slots and pages keep earlier prompts' prefixes (allocator.py)
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
@@ -89,7 +91,8 @@ class HybridPool:
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.max_running = cfg.max_running_requests
-        self.allocator = PoolAllocator(self.max_running, cfg.usable_pages, cfg.page_size, cfg.max_seq_len)
+        self.allocator = PoolAllocator(self.max_running, cfg.usable_pages, cfg.page_size, cfg.max_seq_len,
+                                       cfg.prefix_cache)
         total_pages = cfg.usable_pages + 1  # + the dummy page 0
         self.kv: KVPool | None = None
         if layout.full_layers:
@@ -146,6 +149,14 @@ class HybridPool:
         return self.allocator.free_pages
 
     @property
+    def evictable_pages(self) -> int:
+        return self.allocator.evictable_pages
+
+    @property
+    def cached_prefixes(self) -> int:
+        return self.allocator.cached_prefixes
+
+    @property
     def available_pages(self) -> int:
         return self.allocator.available_pages
 
@@ -165,15 +176,44 @@ class HybridPool:
     def clear_slot(self, slot: int) -> None:
         self.page_table[self.row(slot)].fill_(DUMMY_PAGE)
 
+    def copy_state(self, src: int, dst: int) -> None:
+        """Slot dst's recurrent state := slot src's (queued after the steps that wrote src)."""
+        if self.state is not None:
+            self.state.copy(src, dst)
+
     # -- allocation (colocated) -----------------------------------------------------------------
     def can_allocate(self, reserve_tokens: int) -> bool:
         return self.allocator.can_allocate(reserve_tokens)
 
     def allocate(self, reserve_tokens: int) -> int:
         """Take a slot with zeroed state and reserve pages for up to `reserve_tokens` tokens."""
-        slot = self.allocator.allocate(reserve_tokens)
-        self.reset_slot(slot)
-        return slot
+        return self.admit((), reserve_tokens, reuse=False)[0]
+
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
+        """allocate(), or where `reuse` and the cache holds a prefix of `prompt`, a slot that starts
+        after it: the prefix's pages in its table row and its state. -> (slot, tokens reused)."""
+        slot, entry = self.allocator.admit_entry(prompt, reserve_tokens, reuse)
+        if entry is None:
+            self.reset_slot(slot)
+            return slot, 0
+        self.assign_pages(slot, 0, list(entry.pages))
+        if entry.slot != slot:  # else the entry was evicted for this slot, its state left in place
+            self.copy_state(entry.slot, slot)
+        return slot, len(entry.tokens)
+
+    def checkpoint(self, prompt_len: int, cached: int) -> int:
+        return self.allocator.checkpoint(prompt_len, cached)
+
+    def cache_prefix(self, slot: int, tokens: Sequence[int]) -> bool:
+        """Cache the first len(tokens) tokens of running `slot` (whole pages; call once a step that
+        ends there is queued); False where nothing was cached."""
+        entry = self.allocator.cache_prefix(slot, tokens)
+        if entry is not None:
+            self.copy_state(slot, entry.slot)
+        return entry is not None
+
+    def flush_cache(self) -> int:
+        return self.allocator.flush_cache()
 
     def ensure_tokens(self, slot: int, tokens: int) -> None:
         """Grow the slot's pages so that `tokens` tokens fit, within its reservation."""

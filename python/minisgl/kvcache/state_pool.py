@@ -40,6 +40,10 @@ class StatePool:
         self.conv[:, slot].zero_()
         self.ssm[:, slot].zero_()
 
+    def copy(self, src: int, dst: int) -> None:
+        self.conv[:, dst].copy_(self.conv[:, src])
+        self.ssm[:, dst].copy_(self.ssm[:, src])
+
     @property
     def bytes_per_slot(self) -> int:
         return (self.conv[:, 0].nbytes + self.ssm[:, 0].nbytes)

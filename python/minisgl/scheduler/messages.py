@@ -44,6 +44,7 @@ class RequestOutput:
     finish_reason: str | None = None
     matched_stop: str | int | None = None  # the stop string or stop token id that ended it
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     num_output_tokens: int = 0
     error: str | None = None
     text: str = ""
@@ -83,3 +84,5 @@ class SchedulerStats:
     total_slots: int
     integrity_checks: int  # how many times check_integrity has run and passed (the driver runs it when idle)
     compiles: int = 0  # Triton compiles and autotuning runs in the engine process since it started
+    cached_prefixes: int = 0  # prompt prefixes the prefix cache keeps
+    cached_pages: int = 0  # pages only the prefix cache holds (free for the taking; not in used_pages)

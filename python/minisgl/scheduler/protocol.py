@@ -10,6 +10,7 @@ A driver loop looks like:
         for out in sched.step():   # one forward (or none, if only aborts/rejects are pending)
             ...                    # RequestOutput: new tokens, logprobs, finish reason
     sched.check_integrity()        # when idle: every page and slot is accounted for
+    sched.flush_cache()            # drop the cached prompt prefixes
     sched.close()                  # at shutdown
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ class RequestScheduler(Protocol):
         """Raise AssertionError if the pools lost or double-counted a page or slot."""
 
     def stats(self) -> SchedulerStats: ...
+
+    def flush_cache(self) -> int:
+        """Drop every cached prompt prefix (running requests keep what they borrowed); returns how
+        many there were. Requests queued after the call find none."""
 
     def close(self) -> None:
         """Release what the scheduler started (worker processes, sockets); safe to call twice."""

@@ -64,6 +64,7 @@ def take_output(r: Request) -> RequestOutput:
         matched_stop=r.matched_stop,
         num_prompt_tokens=len(r.prompt_ids),
         num_output_tokens=len(r.output_ids),
+        num_cached_tokens=r.num_cached,
     )
     r.num_reported = len(r.output_ids)
     r.new_logprobs.clear()
@@ -110,7 +111,19 @@ class SlotPool(Protocol):
 
     def can_allocate(self, reserve_tokens: int) -> bool: ...
 
-    def allocate(self, reserve_tokens: int) -> int: ...
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]: ...
+
+    def checkpoint(self, prompt_len: int, cached: int) -> int: ...
+
+
+def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
+    """Give r a slot, starting it after the longest cached prefix of its prompt, and mark where its
+    prefill should stop to cache its own. A prompt_logprobs request scores every prompt token, so
+    it neither reuses a prefix nor stops early for one."""
+    scores_prompt = r.prompt_logprobs is not None
+    r.slot, r.num_cached = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=not scores_prompt)
+    r.num_computed = r.num_cached
+    r.checkpoint = 0 if scores_prompt else pool.checkpoint(len(r.prompt_ids), r.num_cached)
 
 
 def reserve_tokens(r: Request, max_seq_len: int) -> int:
@@ -146,6 +159,8 @@ def plan_batch(
 
     def chunk_len(r: Request) -> int:
         n = min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)
+        if r.checkpoint > r.num_computed:
+            n = min(n, r.checkpoint - r.num_computed)
         return min(n, logprob_budget) if r.prompt_logprobs is not None else n
 
     def take(r: Request, n: int) -> None:
@@ -160,7 +175,7 @@ def plan_batch(
             take(r, n)
     while waiting and chunk_len(waiting[0]) > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len)):
         r = waiting.popleft()
-        r.slot = pool.allocate(reserve_tokens(r, max_seq_len))
+        admit(r, pool, max_seq_len)
         running.append(r)
         take(r, chunk_len(r))
     return items

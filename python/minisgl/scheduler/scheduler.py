@@ -117,12 +117,14 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
-            used_pages=self.pool.total_pages - self.pool.free_pages,
+            used_pages=self.pool.total_pages - self.pool.free_pages - self.pool.evictable_pages,  # as SGLang counts
             total_pages=self.pool.total_pages,
             used_slots=self.pool.used_slots,
             total_slots=self.pool.max_running,
             integrity_checks=self._integrity_checks,
             compiles=compile_watch.compile_count(),
+            cached_prefixes=self.pool.cached_prefixes,
+            cached_pages=self.pool.evictable_pages,
         )
 
     def check_integrity(self) -> None:
@@ -131,6 +133,9 @@ class Scheduler:
         if tracked != set(map(id, self._reqs.values())) or any(r.slot is None for r in self.running):
             raise AssertionError("scheduler lost track of a request: waiting + running != live requests")
         self._integrity_checks += 1
+
+    def flush_cache(self) -> int:
+        return self.pool.flush_cache()
 
     def close(self) -> None:
         """Stop the engine's TP followers, if it has any (the engine itself lives and dies with this process)."""
@@ -183,8 +188,9 @@ class Scheduler:
         tokens = [self._input_tokens(r, n) for r, n in items]
         for (r, n), toks in zip(items, tokens):
             self.pool.ensure_tokens(r.slot, r.num_computed + n)
-            if r.num_computed == 0:
+            if r.num_computed == r.num_cached:  # its first step
                 self.sampler.add(r.slot, r.params, r.generator)
+                self.sampler.see_prompt(r.slot, r.prompt_ids[: r.num_cached])
             if not r.prefill_done:
                 self.sampler.see_prompt(r.slot, toks)
         batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items])
@@ -201,6 +207,8 @@ class Scheduler:
             logits = self.engine.forward_batch(batch)
         for r, n in items:
             r.num_computed += n
+            if r.num_computed == r.checkpoint:  # queued after this step's forward, which ends there
+                self.pool.cache_prefix(r.slot, r.prompt_ids[: r.checkpoint])
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
         sampled_logits = take_rows(logits, sample_rows)

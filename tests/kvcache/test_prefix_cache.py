@@ -1,0 +1,200 @@
+"""The prefix cache's bookkeeping: matching, borrowing, eviction, and every page and slot back."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from minisgl.kvcache.allocator import CHECKPOINT_TAIL, PoolAllocator, PoolExhausted
+from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig, PoolLayout
+from minisgl.kvcache.prefix_index import PrefixEntry, PrefixIndex
+
+PS = 4
+
+
+def _entry(tokens: list[int], slot: int) -> PrefixEntry:
+    return PrefixEntry(tuple(tokens), tuple(range(100 + slot * 10, 100 + slot * 10 + len(tokens) // PS)), slot)
+
+
+def test_index_finds_the_longest_entry_that_leaves_a_token_to_feed() -> None:
+    index = PrefixIndex(PS)
+    base = list(range(20))
+    assert index.insert(_entry(base[:4], 1)) and index.insert(_entry(base[:12], 2))
+    assert index.insert(_entry(base[:8] + [99] * 4, 3))  # shares 8 tokens, then differs
+    assert index.match(base[:13]).slot == 2
+    assert index.match(base[:12]).slot == 1  # 12 cached would leave nothing to feed: the shorter one
+    assert index.match(base[:8] + [99] * 4 + [5]).slot == 3
+    assert index.match([7] + base[1:13]) is None
+    assert not index.insert(_entry(base[:12], 4))  # one entry per prefix
+    with pytest.raises(ValueError, match="whole pages"):
+        index.insert(PrefixEntry(tuple(base[:6]), (1, 2), 5))
+
+
+def test_index_verifies_tokens_behind_equal_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import minisgl.kvcache.prefix_index as mod
+
+    index = PrefixIndex(PS)
+    assert index.insert(_entry([1, 2, 3, 4], 1))
+    monkeypatch.setattr(mod, "page_hashes", lambda tokens, size, pages: iter(range(1, pages + 1)))
+    index._entries = {(1, 1): index._entries.popitem()[1]}  # keyed as the colliding hashes would key it
+    index._used = {(1, 1): 0}
+    assert index.match([9, 9, 9, 9, 9]) is None  # same "hash", other tokens
+    assert index.match([1, 2, 3, 4, 9]).slot == 1
+
+
+def test_index_evicts_least_recently_used() -> None:
+    index = PrefixIndex(PS)
+    for slot, first in enumerate((10, 20, 30), start=1):
+        index.insert(_entry([first] * 4, slot))
+    index.match([10] * 5)  # a hit makes it recent
+    assert [index.pop_least_recent().slot for _ in range(3)] == [2, 3, 1]
+    assert index.pop_least_recent() is None
+
+
+def _cached(alloc: PoolAllocator, prompt: list[int], reserve: int) -> tuple[int, int]:
+    """Run one request through: admit, take its prompt's pages, cache at its checkpoint, finish."""
+    slot, reused = alloc.admit(prompt, reserve, reuse=True)
+    at = alloc.checkpoint(len(prompt), reused)
+    alloc.ensure_tokens(slot, len(prompt))
+    if at:
+        alloc.cache_prefix(slot, prompt[:at])
+    alloc.check_integrity()
+    return slot, reused
+
+
+def test_a_request_borrows_a_cached_prefix_and_everything_returns() -> None:
+    alloc = PoolAllocator(max_running=4, total_pages=32, page_size=PS, max_seq_len=64, prefix_cache=True)
+    prompt = list(range(40, 70))  # 30 tokens: cached at (30 - tail) // 4 * 4
+    at = (len(prompt) - CHECKPOINT_TAIL) // PS * PS
+    a, reused = _cached(alloc, prompt, 34)
+    assert reused == 0 and alloc.cached_prefixes == 1
+    pages_a = alloc._pages[a][: at // PS]
+    alloc.free(a)
+    assert alloc.evictable_pages == at // PS and alloc.available_pages == 32
+    b, reused = alloc.admit(prompt[:at] + [1, 2, 3], 20, reuse=True)
+    assert reused == at and alloc._pages[b] == pages_a  # lent, in order, before any page of its own
+    assert alloc.evictable_pages == 0 and alloc.available_pages == 32 - 5  # 20 tokens = 5 pages in all
+    alloc.ensure_tokens(b, 20)
+    assert alloc._pages[b][: at // PS] == pages_a and len(alloc._pages[b]) == 5
+    alloc.check_integrity()
+    with pytest.raises(PoolExhausted, match="reserved"):
+        alloc.ensure_tokens(b, 24)
+    alloc.free(b)
+    assert alloc.flush_cache() == 1
+    alloc.check_integrity()
+    assert alloc.free_pages == 32 and alloc.free_slots == 4
+
+
+def test_no_reuse_where_asked_not_to_or_without_the_cache() -> None:
+    with_cache = PoolAllocator(4, 32, PS, 64, prefix_cache=True)
+    prompt = list(range(30))
+    with_cache.free(_cached(with_cache, prompt, 30)[0])
+    assert with_cache.admit(prompt, 30, reuse=False)[1] == 0
+    without = PoolAllocator(4, 32, PS, 64)
+    slot, reused = _cached(without, prompt, 30)
+    assert reused == 0 and without.cached_prefixes == 0 and without.checkpoint(30, 0) == 0
+    without.free(slot)
+    assert without.admit(prompt, 30, reuse=True)[1] == 0
+
+
+def test_eviction_gives_pages_and_slots_to_admission() -> None:
+    alloc = PoolAllocator(max_running=3, total_pages=12, page_size=PS, max_seq_len=48, prefix_cache=True)
+    for first in (100, 200):
+        slot, _ = _cached(alloc, [first + i for i in range(24)], 24)  # 6 pages, 2 of them cached
+        alloc.free(slot)
+    assert alloc.cached_prefixes == 2 and alloc.free_slots == 1 and alloc.evictable_pages == 4
+    # Slots: two requests at once need an entry's slot.
+    s1 = alloc.allocate(4)
+    s2 = alloc.allocate(4)
+    assert alloc.cached_prefixes == 1
+    alloc.free(s1)
+    alloc.free(s2)
+    # Pages: one request of all 12 pages needs the cached pages back.
+    assert alloc.can_allocate(48)
+    big = alloc.allocate(48)
+    alloc.ensure_tokens(big, 48)
+    assert alloc.cached_prefixes == 0 and alloc.free_pages == 0
+    alloc.check_integrity()
+    assert not alloc.can_allocate(1)
+
+
+def test_the_matched_entry_may_give_its_own_slot() -> None:
+    alloc = PoolAllocator(max_running=2, total_pages=16, page_size=PS, max_seq_len=32, prefix_cache=True)
+    prompt = list(range(28))
+    holder, _ = _cached(alloc, prompt, 28)  # the entry takes the other slot
+    alloc.free(holder)
+    other = alloc.allocate(4)  # a free slot is gone; the entry keeps its slot
+    entry_slot = alloc.cache.entries()[0].slot
+    slot, entry = alloc.admit_entry(prompt, 28, reuse=True)
+    assert entry is not None and slot == entry_slot and alloc.cached_prefixes == 0
+    assert alloc._pages[slot] == list(entry.pages)  # the pages stay lent after the entry is gone
+    alloc.check_integrity()
+    alloc.free(slot)
+    alloc.free(other)
+    alloc.check_integrity()
+    assert alloc.free_pages == 16 and alloc.free_slots == 2
+
+
+def test_random_traffic_keeps_the_books() -> None:
+    """Random admissions (prompts sharing prefixes), growth, caching and frees, checked after every
+    change; at the end every page and slot is free once the cache is emptied."""
+    rng = random.Random(0)
+    alloc = PoolAllocator(max_running=6, total_pages=60, page_size=PS, max_seq_len=64, prefix_cache=True)
+    stems = [[rng.randrange(50) for _ in range(40)] for _ in range(3)]
+    live: dict[int, tuple[list[int], int, int]] = {}  # slot -> prompt, reserve, tokens so far
+    for _ in range(600):
+        if live and (rng.random() < 0.4 or not alloc.can_allocate(64)):
+            slot = rng.choice(list(live))
+            prompt, reserve, have = live[slot]
+            if rng.random() < 0.5 and have < reserve:
+                have = rng.randint(have, reserve)
+                alloc.ensure_tokens(slot, have)
+                live[slot] = (prompt, reserve, have)
+                if (at := alloc.checkpoint(len(prompt), 0)) and have >= at:
+                    alloc.cache_prefix(slot, prompt[:at])
+            else:
+                alloc.free(slot)
+                del live[slot]
+        else:
+            prompt = rng.choice(stems)[: rng.randint(6, 40)] + [rng.randrange(50) for _ in range(rng.randint(1, 8))]
+            reserve = min(64, len(prompt) + rng.randint(0, 16))
+            if alloc.can_allocate(reserve):
+                slot, reused = alloc.admit(prompt, reserve, reuse=rng.random() < 0.9)
+                assert reused < len(prompt) and prompt[:reused] == list(prompt[:reused])
+                alloc.ensure_tokens(slot, max(reused, 1))
+                live[slot] = (prompt, reserve, max(reused, 1))
+        alloc.check_integrity()
+        assert alloc.available_pages >= 0
+    for slot in list(live):
+        alloc.free(slot)
+    alloc.flush_cache()
+    alloc.check_integrity()
+    assert alloc.free_pages == 60 and alloc.free_slots == 6
+
+
+LAYOUT = PoolLayout(full_layers=(3,), num_kv_heads=1, head_dim=2, linear_layers=(0, 1), conv_dim=3, conv_kernel=4,
+                    num_value_heads=1, key_head_dim=2, value_head_dim=2)
+
+
+def test_hybrid_pool_copies_the_state_and_lends_the_table_rows() -> None:
+    pool = HybridPool(LAYOUT, PoolConfig(max_running_requests=3, max_seq_len=64, page_size=PS, prefix_cache=True),
+                      torch.float32, "cpu")
+    prompt = list(range(30))
+    slot, reused = pool.admit(prompt, 32, reuse=True)
+    pool.ensure_tokens(slot, 30)
+    state = torch.randn_like(pool.state.ssm[:, slot]), torch.randn_like(pool.state.conv[:, slot])
+    pool.state.ssm[:, slot], pool.state.conv[:, slot] = state
+    at = pool.checkpoint(30, reused)
+    assert pool.cache_prefix(slot, prompt[:at])
+    pool.state.ssm[:, slot].add_(1.0)  # the request goes on; the entry keeps the state at `at`
+    rows = pool.page_table[pool.row(slot), : at // PS].clone()
+    pool.free(slot)
+    new, reused = pool.admit(prompt[:at] + [7, 7], 40, reuse=True)
+    assert reused == at
+    assert torch.equal(pool.page_table[pool.row(new), : at // PS], rows)
+    assert torch.equal(pool.state.ssm[:, new], state[0]) and torch.equal(pool.state.conv[:, new], state[1])
+    pool.ensure_tokens(new, 40)
+    pool.check_integrity()
+    fresh, reused = pool.admit([5] * 30, 32, reuse=True)
+    assert reused == 0 and not pool.state.ssm[:, fresh].any()  # no hit: zeroed as before

@@ -1,0 +1,114 @@
+"""The prefix cache on the tiny model (fp32): a prompt that starts with a cached prefix gives what
+the same prompt gives without the cache, at fp32 noise, and says how many tokens it reused."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from minisgl import LLM, SamplingParams
+from minisgl.kvcache.allocator import CHECKPOINT_TAIL
+
+PAGE = 16
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_checkpoints) -> tuple[LLM, LLM]:
+    kw = dict(dtype="float32", device="cpu", page_size=PAGE, context_length=256)
+    return LLM(tiny_checkpoints["bf16"], **kw), LLM(tiny_checkpoints["bf16"], disable_radix_cache=True, **kw)
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 500) for _ in range(n)]
+
+
+def _assert_same(a, b) -> None:  # noqa: ANN001 - GenerationResults
+    """Same tokens, logprobs within 1e-5 relative: the prefill ran in other pieces, so its sums
+    ran in another order."""
+    assert a.token_ids == b.token_ids
+    for x, y in zip(a.logprobs, b.logprobs):
+        assert x.token_id == y.token_id and x.logprob == pytest.approx(y.logprob, rel=1e-5, abs=1e-6)
+        assert [t for t, _ in x.top] == [t for t, _ in y.top]
+        assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], rel=1e-5, abs=1e-6)
+
+
+def test_a_shared_prefix_is_reused_at_fp32_noise(pair: tuple[LLM, LLM]) -> None:
+    cached, plain = pair
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    first = _ids(70, 1)
+    at = (len(first) - CHECKPOINT_TAIL) // PAGE * PAGE
+    a, a_plain = cached.generate([first], params)[0], plain.generate([first], params)[0]
+    assert a.num_cached_tokens == 0 and a_plain.num_cached_tokens == 0
+    _assert_same(a, a_plain)  # stopping at the checkpoint changes nothing beyond noise
+    second = first[:60] + _ids(30, 2)
+    b, b_plain = cached.generate([second], params)[0], plain.generate([second], params)[0]
+    assert b.num_cached_tokens == at and b_plain.num_cached_tokens == 0
+    _assert_same(b, b_plain)
+    # The penalty reads the prompt tokens the cache skipped too.
+    penalised = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3, repetition_penalty=1.5)
+    third = first[:50] + _ids(20, 3)
+    c, c_plain = cached.generate([third], penalised)[0], plain.generate([third], penalised)[0]
+    assert c.num_cached_tokens == at
+    _assert_same(c, c_plain)
+
+
+def test_prompt_logprobs_score_the_whole_prompt(pair: tuple[LLM, LLM]) -> None:
+    cached, plain = pair
+    prompt = _ids(80, 4)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    assert cached.generate([prompt], greedy)[0].num_cached_tokens == 0
+    scored = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)
+    got, want = cached.generate([prompt + [7]], scored)[0], plain.generate([prompt + [7]], scored)[0]
+    assert got.num_cached_tokens == 0
+    assert got.prompt_logprobs[0] is None and want.prompt_logprobs[0] is None
+    assert [e.logprob for e in got.prompt_logprobs[1:]] == pytest.approx(
+        [e.logprob for e in want.prompt_logprobs[1:]], rel=1e-5, abs=1e-6)
+
+
+def test_a_batch_of_prompts_sharing_a_stem(pair: tuple[LLM, LLM]) -> None:
+    """Requests admitted in one step reuse what earlier ones cached, and the pool's books balance
+    (LLM.generate checks the scheduler's integrity after each call)."""
+    cached, plain = pair
+    stem = _ids(40, 5)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    cached.generate([stem + _ids(10, 6)], params)
+    prompts = [stem + _ids(5 + i, 7 + i) for i in range(4)]
+    got, want = cached.generate(prompts, params), plain.generate(prompts, params)
+    assert all(g.num_cached_tokens == (50 - CHECKPOINT_TAIL) // PAGE * PAGE for g in got)
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+    pool = cached.engine.pool
+    assert pool.used_slots == 0 and pool.cached_prefixes >= 1
+    assert pool.free_pages + pool.evictable_pages == pool.total_pages
+
+
+def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints) -> None:
+    """Qwen3.5's template renders an earlier turn without the `<think>` its generation prompt
+    opened: the next turn's prompt still starts with all but the last few tokens of the last one."""
+    llm = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512)
+    plain = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512,
+                disable_radix_cache=True)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    talk = [{"role": "system", "content": "You are a terse assistant. " * 4},
+            {"role": "user", "content": "Name three colours of the rainbow, please."}]
+    first = llm.chat(talk, params, use_tqdm=False)[0]
+    talk += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And two more?"}]
+    second, want = llm.chat(talk, params, use_tqdm=False)[0], plain.chat(talk, params, use_tqdm=False)[0]
+    turn = len(first.prompt_token_ids)
+    assert second.prompt_token_ids[: turn - 2] == first.prompt_token_ids[: turn - 2]
+    assert second.num_cached_tokens == (turn - CHECKPOINT_TAIL) // PAGE * PAGE > 0
+    assert second.token_ids == want.token_ids
+
+
+def test_reset_prefix_cache_gives_every_page_and_slot_back(pair: tuple[LLM, LLM]) -> None:
+    cached, _ = pair
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    cached.generate([_ids(60, 20), _ids(70, 21)], params)
+    pool = cached.engine.pool
+    assert pool.cached_prefixes >= 2
+    assert cached.reset_prefix_cache()
+    pool.check_integrity()
+    assert pool.cached_prefixes == 0 and pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
+    prompt = _ids(60, 20) + [5]
+    assert cached.generate([prompt], params)[0].num_cached_tokens == 0
