@@ -168,3 +168,44 @@ def test_metrics_and_health(live_server: Server) -> None:
                  "minisgl:generation_tokens_total", "minisgl:time_to_first_token_seconds_bucket",
                  "minisgl:inter_token_latency_seconds_bucket", "minisgl:num_queue_reqs"):
         assert name in text, name
+
+
+def _cached_total(server: Server) -> float:
+    lines = server.get("/metrics").text.splitlines()
+    line = next(line for line in lines if line.startswith("minisgl:cached_prompt_tokens_total"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_usage_counts_the_prompt_tokens_the_cache_served(live_server: Server, client: openai.OpenAI,
+                                                          model: str) -> None:
+    """A prompt that starts with an earlier one reuses its prefix (whole pages of 16 tokens, up to
+    16 tokens before that prompt's end): usage.prompt_tokens_details.cached_tokens says how many,
+    and so does the metric."""
+    before = _cached_total(live_server)
+    stem = " ".join(f"w{i}" for i in range(40))
+    first = client.completions.create(model=model, prompt=stem, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = client.completions.create(model=model, prompt=stem + " and then some more", max_tokens=2,
+                                       temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached == (first.usage.prompt_tokens - 16) // 16 * 16 > 0
+    # The second cached its own prefix, deeper into the stem: a third prompt on the stem reuses that.
+    chunks = list(client.completions.create(model=model, prompt=stem + " again", max_tokens=2, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    deeper = (second.usage.prompt_tokens - 16) // 16 * 16
+    assert deeper > cached and chunks[-1].usage.prompt_tokens_details.cached_tokens == deeper
+    assert _cached_total(live_server) - before == cached + deeper
+
+
+def test_flush_cache_drops_what_the_cache_keeps(live_server: Server, client: openai.OpenAI, model: str) -> None:
+    prompt = " ".join(f"f{i}" for i in range(40))
+    client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)
+    again = client.completions.create(model=model, prompt=prompt + " x", max_tokens=1, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+    for route in ("/flush_cache", "/reset_prefix_cache"):  # SGLang's and vLLM's names
+        r = live_server.post(route)
+        assert r.status_code == 200 and r.json() == {"message": "Cache flushed."}
+        after = client.completions.create(model=model, prompt=prompt + " x", max_tokens=1, temperature=0)
+        assert after.usage.prompt_tokens_details.cached_tokens == 0
+    stats = live_server.wait_idle()
+    assert stats["cached_prefixes"] >= 1 and stats["cached_pages"] >= 1  # the last request cached its prefix

@@ -174,6 +174,14 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
         Each aborted choice still gets its reply: finish_reason "abort" with what it produced so far."""
         return {"aborted": raw.app.state.ctx.client.abort_request_id(body.rid)}
 
+    @app.post("/flush_cache", responses=_responses(401, 503))
+    @app.post("/reset_prefix_cache", responses=_responses(401, 503))  # vLLM's name
+    async def flush_cache(raw: Request) -> dict[str, str]:
+        """Drop the prefix cache (SGLang's route; vLLM's /reset_prefix_cache): requests sent after
+        the reply reuse nothing cached before it. Running requests keep what they reuse."""
+        raw.app.state.ctx.client.flush_cache()
+        return {"message": "Cache flushed."}
+
     app.include_router(native_routes.router, responses=_responses(400, 401, 404, 408, 413, 503))
     generation = _responses(400, 401, 404, 408, 413, 503, **{"200": _STREAM})
     app.post("/v1/completions", responses=generation)(create_completion)

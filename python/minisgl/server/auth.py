@@ -10,7 +10,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from minisgl.server.errors import error_response
 
-ADMIN_ROUTES = frozenset({"/abort_request", "/server_info", "/tokenize", "/detokenize", "/get_model_info"})
+ADMIN_ROUTES = frozenset({"/abort_request", "/server_info", "/tokenize", "/detokenize", "/get_model_info",
+                          "/flush_cache", "/reset_prefix_cache"})
 
 
 def needs_key(path: str) -> bool:

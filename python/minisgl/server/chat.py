@@ -30,6 +30,7 @@ class _State:
     stream: ChoiceStream
     started: bool = False
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def _template_kwargs(ctx: ServingContext, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -70,7 +71,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     def delta(o: RequestOutput) -> dict[str, Any]:
         st = states[o.rid]
         first, st.started = not st.started, True
-        st.completion_tokens = o.num_output_tokens
+        st.completion_tokens, st.cached_tokens = o.num_output_tokens, o.num_cached_tokens
         message = st.stream.push(o.text, o.finished)
         finish = o.finish_reason
         if finish == FINISH_STOP and st.stream.called_tools:
@@ -84,8 +85,9 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
             **ctx.extensions(body, st.choice, o, first),
         }
 
-    def total_usage() -> dict[str, int]:
-        return usage(len(ids), sum(s.completion_tokens for s in states.values()))
+    def total_usage() -> dict[str, Any]:  # the n choices share one prompt: its tokens count once
+        return usage(len(ids), sum(s.completion_tokens for s in states.values()),
+                     max(s.cached_tokens for s in states.values()))
 
     head = {"id": cid, "object": "chat.completion", "created": ts, "model": ctx.model_name}
     choices = [s.choice for s in states.values()]

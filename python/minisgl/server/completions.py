@@ -29,6 +29,7 @@ class _State:
     started: bool = False
     offset: int = 0  # text_offset of the next logprob token
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 def _prompts(ctx: ServingContext, prompt: Any, echo: bool) -> list[tuple[str, list[int]]]:
@@ -88,11 +89,13 @@ async def create_completion(body: CompletionRequest, raw: Request) -> Response:
         if body.logprobs is not None:
             d["logprobs"] = ctx.formatter.completion(entries, st.offset)
             st.offset += sum(len(t) for t in d["logprobs"]["tokens"])
-        st.completion_tokens = o.num_output_tokens
+        st.completion_tokens, st.cached_tokens = o.num_output_tokens, o.num_cached_tokens
         return {**d, **ctx.extensions(body, st.choice, o, first)}
 
-    def total_usage() -> dict[str, int]:
-        return usage(prompt_tokens, sum(s.completion_tokens for s in states.values()))
+    def total_usage() -> dict[str, Any]:  # each prompt's tokens count once, as its n choices share them
+        cached = [max(s.cached_tokens for s in states.values() if s.choice.index // body.n == i)
+                  for i in range(len(prompts))]
+        return usage(prompt_tokens, sum(s.completion_tokens for s in states.values()), sum(cached))
 
     head = {"id": cid, "object": "text_completion", "created": ts, "model": ctx.model_name}
     return await respond(ctx, raw, body, choices, head, "text_completion", delta, total_usage)

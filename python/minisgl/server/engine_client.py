@@ -18,7 +18,7 @@ from typing import Callable, Union
 
 from minisgl.scheduler.messages import GenerateRequest, RequestOutput, SchedulerInfo, SchedulerStats
 from minisgl.server.channel import Addresses, AsyncReceiver, PeerGone, Sender
-from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, TextBatch, encode
+from minisgl.server.messages import AbortRequest, EngineDead, EngineReady, EngineStats, FlushCache, TextBatch, encode
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,16 @@ class EngineClient:
         running = [rid for rid in self._requests.get(request_id, ()) if rid in self._routes]
         self._send_aborts(running)
         return len(running)
+
+    def flush_cache(self) -> None:
+        """Ask the engine to drop its cached prompt prefixes; requests submitted after this call
+        reach it after the flush (one socket, in order)."""
+        self.check_alive()
+        try:
+            self._sender.send(FlushCache())
+        except PeerGone as e:
+            self._die(str(e))
+            raise EngineUnavailable(self.dead_reason) from e
 
     def _close(self, request_id: str) -> int:
         running = [rid for rid in self._requests.pop(request_id, ()) if self._routes.pop(rid, None) is not None]

@@ -26,6 +26,7 @@ from minisgl.server.messages import (
     EngineDead,
     EngineReady,
     EngineStats,
+    FlushCache,
     TokenBatch,
 )
 from minisgl.server.stats_log import StatsLine
@@ -62,6 +63,8 @@ class EngineLoop:
             self.stats_line.on_request(msg.rid, len(msg.prompt_ids))
         elif isinstance(msg, AbortRequest):
             self.sched.abort(msg.rid)
+        elif isinstance(msg, FlushCache):
+            logger.info("prefix cache flushed: %d prefixes dropped", self.sched.flush_cache())
         else:
             raise TypeError(f"engine got an unexpected message: {type(msg).__name__}")
 

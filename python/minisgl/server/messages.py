@@ -1,6 +1,6 @@
 """The messages between the server's processes, and their msgpack codec.
 
-    API server --GenerateRequest, AbortRequest--> engine
+    API server --GenerateRequest, AbortRequest, FlushCache--> engine
     engine --TokenBatch, EngineReady, EngineStats, EngineDead--> detokenizer
     detokenizer --TextBatch (and the engine's other messages, unchanged)--> API server
 
@@ -23,6 +23,11 @@ from minisgl.scheduler.messages import GenerateRequest, RequestOutput, Scheduler
 @dataclass(frozen=True)
 class AbortRequest:
     rid: str
+
+
+@dataclass(frozen=True)
+class FlushCache:
+    """Drop the cached prompt prefixes (requests sent after it find none)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,7 @@ _TYPES: dict[str, type] = {
     t.__name__: t
     for t in (
         SamplingParams, GenerateRequest, TokenLogprob, RequestOutput, SchedulerInfo, SchedulerStats,
-        AbortRequest, DetokSpec, TokenBatch, TextBatch, EngineReady, EngineStats, EngineDead,
+        AbortRequest, FlushCache, DetokSpec, TokenBatch, TextBatch, EngineReady, EngineStats, EngineDead,
     )
 }
 

@@ -30,6 +30,10 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             "minisgl:prompt_tokens", "Prompt tokens processed", list(labels), registry=self.registry
         ).labels(**labels)
+        self.cached_prompt_tokens = Counter(
+            "minisgl:cached_prompt_tokens", "Prompt tokens served from the prefix cache", list(labels),
+            registry=self.registry,
+        ).labels(**labels)
         self.generation_tokens = Counter(
             "minisgl:generation_tokens", "Tokens generated", list(labels), registry=self.registry
         ).labels(**labels)
@@ -82,6 +86,7 @@ class RequestTimer:
             self._last[o.rid] = now
         if o.finished:
             m.prompt_tokens.inc(o.num_prompt_tokens)
+            m.cached_prompt_tokens.inc(o.num_cached_tokens)
             m.generation_tokens.inc(o.num_output_tokens)
             m.requests.labels(model_name=m.model_name, finish_reason=o.finish_reason).inc()
             m.e2e.observe(now - self.start)

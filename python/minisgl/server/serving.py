@@ -238,9 +238,11 @@ async def _collect(raw: Request, outputs: Outputs, on_output: Callable[[RequestO
     return False
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens the prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def created() -> int:
@@ -272,7 +274,7 @@ async def respond(
     head: dict[str, Any],
     chunk_object: str,
     delta: ChunkFn,
-    total_usage: Callable[[], dict[str, int]],
+    total_usage: Callable[[], dict[str, Any]],
     finish: Callable[[dict[str, Any]], dict[str, Any]] = lambda c: c,
 ) -> Response:
     """Admit the choices (every check happens here, before any header is sent), then stream their
