@@ -5,6 +5,7 @@ row, writes JSON and stops the server. Made to fit one device call.
 
     python benchmarks/serve_matrix.py --matrix h200-122b --out $OUT          # issue matrix, 122B FP8
     python benchmarks/serve_matrix.py --matrix vllm-35b --out $OUT           # vLLM's published profiles
+    python benchmarks/serve_matrix.py --matrix shared-prefix-35b --out $OUT  # SGLang's shared-prefix workload
     python benchmarks/serve_matrix.py --matrix smoke --out /tmp/m            # tiny model, CPU: the script itself
 Extra server flags go after `--`, e.g. `-- --chunked-prefill-size 1024`.
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from full_vocab_tokenizer import write_full_vocab_tokenizer  # noqa: E402
 
 from minisgl.bench import serve  # noqa: E402
-from minisgl.bench.dataset import random_requests  # noqa: E402
+from minisgl.bench.dataset import random_requests, shared_prefix_requests  # noqa: E402
 from minisgl.bench.report import summarize  # noqa: E402
 from minisgl.models.known_configs import config_dir, hf_config  # noqa: E402
 from minisgl.tokenizer.tokenizer import load_tokenizer  # noqa: E402
@@ -39,6 +40,8 @@ class Row:
     output_len: int
     num_prompts: int
     concurrency: int | None  # None: all at once
+    groups: int = 0  # > 0: the generated-shared-prefix dataset, num_prompts split into this many groups
+    shared_len: int = 0  # ... whose prompts share their first shared_len of input_len tokens
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,23 @@ MATRICES = {
         Row("Generation Heavy 1000/2000 x200", 1000, 2000, 200, 200),
         Row("Long Context 32000/100 x100", 32000, 100, 100, 100),
     )),
+    # sglang.bench_serving's generated-shared-prefix defaults (64 groups x 16 prompts, a 2048-token
+    # system prompt and a 128-token question, 256 out): the prefix cache's workload.
+    "shared-prefix-35b": Matrix("Qwen3.5-35B-A3B", True, ("--context-length", "33024"), (
+        Row("first request after ready", 1024, 128, 1, 1),
+        Row("Shared prefix 64x16 2048+128/256", 2176, 256, 1024, 256, groups=64, shared_len=2048),
+        Row("Random 2176/256 x1024", 2176, 256, 1024, 256),  # the same sizes sharing nothing: the cost
+    )),
     "smoke": Matrix(None, False, ("--device", "cpu", "--context-length", "256"), (
         Row("first request after ready", 16, 8, 1, 1),
         Row("16/8 c=4", 16, 8, 8, 4),
+    )),
+    # The tiny model on the CPU under the shared-prefix workload (with and without the cache: add
+    # `-- --disable-radix-cache`).
+    "smoke-shared-prefix": Matrix(None, False, ("--device", "cpu", "--context-length", "1024"), (
+        Row("first request after ready", 16, 8, 1, 1),
+        Row("Shared prefix 8x8 512+32/8 c=4", 544, 8, 64, 4, groups=8, shared_len=512),
+        Row("Random 544/8 c=4", 544, 8, 64, 4),
     )),
 }
 
@@ -109,7 +126,11 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> float:
 
 def run_row(base: str, model: str, tokenizer, row: Row, seed: int) -> dict:
     before = _server_info(base)["stats"]["compiles"]
-    reqs = random_requests(tokenizer, row.num_prompts, row.input_len, row.output_len, 1.0, seed)
+    if row.groups:
+        reqs = shared_prefix_requests(tokenizer, row.groups, row.num_prompts // row.groups, row.shared_len,
+                                      row.input_len - row.shared_len, row.output_len, seed)
+    else:
+        reqs = random_requests(tokenizer, row.num_prompts, row.input_len, row.output_len, 1.0, seed)
     cfg = serve.ServeConfig(base, model, float("inf"), row.concurrency, True, seed)
     results, duration = asyncio.run(serve.run(cfg, reqs, progress=False))
     figures = summarize(results, duration, float("inf"), row.concurrency)

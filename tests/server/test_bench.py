@@ -100,6 +100,37 @@ def test_bench_serve_sharegpt(live_server: Server, tmp_path, capsys) -> None:
         assert f"{stat}_ttft_ms" in figures and f"{stat}_itl_ms" in figures
 
 
+def test_shared_prefix_dataset() -> None:
+    from minisgl.bench.dataset import shared_prefix_requests
+    from minisgl.tokenizer.tokenizer import load_tokenizer
+    from minisgl.models.tiny.default import default_model_path
+
+    tok = load_tokenizer(default_model_path())
+    reqs = shared_prefix_requests(tok, groups=3, per_group=4, system_len=20, question_len=5, output_len=6, seed=0)
+    assert len(reqs) == 12 and all(len(r.prompt_ids) == 25 and r.output_len == 6 for r in reqs)
+    systems = {r.prompt_ids[:20] for r in reqs}
+    assert len(systems) == 3 and all(sum(r.prompt_ids[:20] == s for r in reqs) == 4 for s in systems)
+    assert len({r.prompt_ids for r in reqs}) == 12  # every question its own
+    assert not set(tok.all_special_ids) & {t for r in reqs for t in r.prompt_ids}
+    assert [r.prompt_ids[:20] for r in reqs[:4]] != [reqs[0].prompt_ids[:20]] * 4  # shuffled, not by group
+    with pytest.raises(ValueError, match="--gsp-num-groups"):
+        shared_prefix_requests(tok, 0, 4, 20, 5, 6, 0)
+
+
+def test_bench_serve_shared_prefix(live_server: Server, tmp_path, capsys) -> None:
+    out = tmp_path / "gsp.json"
+    main(["serve", "--base-url", live_server.url, "--dataset-name", "generated-shared-prefix", "--gsp-num-groups",
+          "2", "--gsp-prompts-per-group", "4", "--gsp-system-prompt-len", "100", "--gsp-question-len", "8",
+          "--gsp-output-len", "3", "--max-concurrency", "1", "--disable-tqdm", "--output-json", str(out)])
+    capsys.readouterr()
+    figures = json.loads(out.read_text())
+    assert figures["completed"] == 8 and figures["total_input_tokens"] == 8 * 108
+    assert figures["total_output_tokens"] == 8 * 3
+    # One at a time: each group's later prompts reuse the 80 tokens (whole pages of 16, at least 16
+    # before the end of its 108-token prompt) of the system prompt that the group's first one cached.
+    assert figures["total_cached_tokens"] == 2 * 3 * 80
+
+
 def test_bench_flags_as_sglang(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--dataset-name", "sharegpt", "--base-url", "http://127.0.0.1:9"])

@@ -10,13 +10,14 @@ import sys
 import httpx
 from transformers import PreTrainedTokenizerBase
 
-from minisgl.bench.dataset import DATASETS, BenchRequest, random_requests, sharegpt_requests
+from minisgl.bench.dataset import DATASETS, BenchRequest, random_requests, shared_prefix_requests, sharegpt_requests
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset-name", "--dataset", dest="dataset_name", choices=DATASETS, default="random",
                    help="random: random token ids of --input-len / --output-len; sharegpt: the conversations of "
-                        "--dataset-path (default: %(default)s)")
+                        "--dataset-path; generated-shared-prefix: groups of prompts sharing a system prompt, "
+                        "sized by the --gsp-* flags (default: %(default)s)")
     p.add_argument("--dataset-path", help="sharegpt: a ShareGPT-format JSON file (a list of {\"conversations\": "
                                           "[{\"from\", \"value\"}, ...]})")
     p.add_argument("--input-len", "--random-input-len", dest="input_len", type=int, default=128,
@@ -31,12 +32,23 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sharegpt-context-len", type=int, default=None,
                    help="sharegpt: skip conversations longer than this, prompt + output (default: prompts over "
                         "1024 or totals over 2048 tokens)")
-    p.add_argument("--num-prompts", type=int, default=100, help="requests to send (default: %(default)s)")
+    for flag, default, what in (("num-groups", 64, "groups of prompts"), ("prompts-per-group", 16, "prompts a group"),
+                                ("system-prompt-len", 2048, "tokens of a group's shared system prompt"),
+                                ("question-len", 128, "tokens of each prompt's own question"),
+                                ("output-len", 256, "output tokens of every request")):
+        p.add_argument(f"--gsp-{flag}", type=int, default=default,
+                       help=f"generated-shared-prefix: {what} (default: %(default)s)")
+    p.add_argument("--num-prompts", type=int, default=100,
+                   help="requests to send (default: %(default)s; generated-shared-prefix sends groups x prompts "
+                        "per group)")
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--output-json", help="also write the figures here")
 
 
 def _requests(ns: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, seed: int) -> list[BenchRequest]:
+    if ns.dataset_name == "generated-shared-prefix":
+        return shared_prefix_requests(tokenizer, ns.gsp_num_groups, ns.gsp_prompts_per_group, ns.gsp_system_prompt_len,
+                                      ns.gsp_question_len, ns.gsp_output_len, seed)
     if ns.dataset_name == "sharegpt":
         return sharegpt_requests(tokenizer, ns.dataset_path, ns.num_prompts, seed, ns.sharegpt_output_len,
                                  ns.sharegpt_context_len)

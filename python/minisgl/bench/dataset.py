@@ -6,7 +6,11 @@
   each conversation's first turn is the prompt, the second's token count the output length (or a
   fixed --sharegpt-output-len). Conversations are shuffled with the seed; ones under 4 tokens, and
   ones over the context (--sharegpt-context-len; by default SGLang's 1024-token prompt and
-  2048-token total), are skipped.
+  2048-token total), are skipped;
+- generated-shared-prefix: --gsp-num-groups groups of --gsp-prompts-per-group prompts; a group's
+  prompts share a system prompt of --gsp-system-prompt-len random tokens, each followed by a
+  question of its own (--gsp-question-len), all with --gsp-output-len output tokens; the requests
+  are shuffled with the seed. This is the prefix cache's workload (many users of one system prompt).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-DATASETS = ("random", "sharegpt")
+DATASETS = ("random", "sharegpt", "generated-shared-prefix")
 MIN_LEN = 4  # shorter prompts or answers say little about serving
 DEFAULT_PROMPT_LIMIT, DEFAULT_TOTAL_LIMIT = 1024, 2048
 
@@ -35,8 +39,7 @@ def random_requests(
     if input_len < 1 or output_len < 1 or num < 1:
         raise ValueError("--input-len, --output-len and --num-prompts must be >= 1")
     rng = random.Random(seed)
-    special = set(tokenizer.all_special_ids)
-    vocab = [t for t in range(len(tokenizer)) if t not in special]
+    vocab = _plain_vocab(tokenizer)
 
     def length(n: int) -> int:
         return rng.randint(max(1, int(n * range_ratio)), n)
@@ -44,6 +47,28 @@ def random_requests(
     return [
         BenchRequest(tuple(rng.choices(vocab, k=length(input_len))), length(output_len)) for _ in range(num)
     ]
+
+
+def _plain_vocab(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [t for t in range(len(tokenizer)) if t not in special]
+
+
+def shared_prefix_requests(
+    tokenizer: PreTrainedTokenizerBase, groups: int, per_group: int, system_len: int, question_len: int,
+    output_len: int, seed: int,
+) -> list[BenchRequest]:
+    if min(groups, per_group, system_len, question_len, output_len) < 1:
+        raise ValueError("--gsp-num-groups, --gsp-prompts-per-group, --gsp-system-prompt-len, --gsp-question-len "
+                         "and --gsp-output-len must be >= 1")
+    rng = random.Random(seed)
+    vocab = _plain_vocab(tokenizer)
+    out = []
+    for _ in range(groups):
+        system = rng.choices(vocab, k=system_len)
+        out += [BenchRequest(tuple(system + rng.choices(vocab, k=question_len)), output_len) for _ in range(per_group)]
+    rng.shuffle(out)
+    return out
 
 
 def _conversations(path: str) -> list[tuple[str, str]]:

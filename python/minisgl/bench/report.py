@@ -16,6 +16,7 @@ class RequestResult:
     ttft: float  # seconds to the first token
     itl: tuple[float, ...]  # seconds between consecutive token chunks
     error: str = ""
+    cached_len: int = 0  # prompt tokens the server's prefix cache served (its usage's cached_tokens)
 
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
@@ -54,6 +55,7 @@ def summarize(results: list[RequestResult], duration: float, request_rate: float
         "failed": len(results) - len(ok),
         **throughput(len(ok), sum(r.input_len for r in ok), sum(r.output_len for r in ok), duration),
         "concurrency": sum(r.latency for r in ok) / duration,
+        "total_cached_tokens": sum(r.cached_len for r in ok),
     }
     for name, xs in (("e2e_latency", [r.latency for r in ok]), ("ttft", [r.ttft for r in ok]), ("tpot", tpot),
                      ("itl", itl)):

@@ -42,7 +42,7 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
     start = time.perf_counter()
     stamps: list[float] = []
-    output_len = 0
+    output_len = cached = 0
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -55,6 +55,7 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -
                     return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), str(chunk["error"]))
                 if chunk.get("usage"):
                     output_len = chunk["usage"]["completion_tokens"]
+                    cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                 if chunk.get("choices") and chunk["choices"][0].get("text"):
                     stamps.append(time.perf_counter())
     except httpx.HTTPError as e:
@@ -63,7 +64,7 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -
     if not stamps:
         return RequestResult(False, len(req.prompt_ids), output_len, latency, latency, (), "no tokens streamed")
     itl = tuple(b - a for a, b in zip(stamps, stamps[1:]))
-    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl)
+    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl, cached_len=cached)
 
 
 async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True) -> tuple[list[RequestResult], float]:
