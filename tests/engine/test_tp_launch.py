@@ -52,6 +52,25 @@ def test_tp2_rank0_scheduler_matches_single_rank(tiny_checkpoints) -> None:
         assert [t for t, _ in g.top] == [t for t, _ in w.top]
 
 
+def test_tp2_followers_copy_the_cached_states(tiny_checkpoints) -> None:
+    """A prompt that reuses a cached prefix under TP: the follower copies its share of the state
+    from the step messages, so the tokens and logprobs are one rank's without the cache."""
+    path = tiny_checkpoints["bf16"]
+    g = torch.Generator().manual_seed(12)
+    first = torch.randint(0, 512, (70,), generator=g).tolist()
+    second = first[:60] + torch.randint(0, 512, (30,), generator=g).tolist()
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
+    want = LLM(path, disable_radix_cache=True, **ENGINE).generate([second], params)[0]
+    with LLM(path, tp_size=2, **ENGINE) as llm:
+        llm.generate([first], params)
+        got = llm.generate([second], params)[0]
+    assert got.num_cached_tokens == 48 and want.num_cached_tokens == 0
+    assert got.token_ids == want.token_ids
+    for a, b in zip(got.logprobs, want.logprobs):
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.load
 def test_dead_follower_is_an_error(tiny_checkpoints) -> None:
     llm = LLM(tiny_checkpoints["bf16"], tp_size=2, **ENGINE)
