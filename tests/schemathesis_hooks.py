@@ -1,7 +1,8 @@
 """Schemathesis hooks for tests/server/test_server_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
 
 - Valid requests are kept cheap on the CPU and reach the engine: in positive cases n and max_tokens
-  are clamped (and max_tokens set where it was left to the room in the context), `model` is left out (the served model) and a chat role outside the ones the chat
+  (/generate: sampling_params' n and max_new_tokens) are clamped (and max_tokens set where it was
+  left to the room in the context), `model` is left out (the served model) and a chat role outside the ones the chat
   template knows becomes "user" (schemathesis re-checks a case after this hook, so a case is
   judged as what it became).
 - positive_data_acceptance is replaced by a stricter reading of it: a schema-valid request may be
@@ -38,6 +39,10 @@ RUNTIME_LIMITS = (
     "function.arguments is not JSON",  # a tool call's arguments: a string that must hold a JSON object
     "function.arguments must be a JSON object",
     "the chat template rejected",
+    "give exactly one of text and input_ids",  # /generate
+    "entries for",  # /generate: a list of sampling_params, one per prompt
+    "must ask for the same n",
+    "max_new_tokens 0 only scores a prompt",  # needs return_logprob with logprob_start_len >= 0
 )
 
 
@@ -53,6 +58,12 @@ def before_call(context, case, kwargs) -> None:  # noqa: ANN001 - schemathesis' 
     if case.body.get("max_tokens") is None and case.body.get("max_completion_tokens") is None:
         case.body["max_tokens"] = CAPS["max_tokens"]  # absent or null: all the room left in the context
     case.body.pop("model", None)
+    sampling = case.body.get("sampling_params")  # /generate's, one or one per prompt
+    for sp in (sampling if isinstance(sampling, list) else [sampling]):
+        if isinstance(sp, dict):
+            sp["n"] = min(sp["n"], CAPS["n"]) if type(sp.get("n")) is int else sp.get("n", 1)
+            if sp.get("max_new_tokens") is None or (type(sp["max_new_tokens"]) is int and sp["max_new_tokens"] > 4):
+                sp["max_new_tokens"] = CAPS["max_tokens"]
     # Schemathesis' generator ignores propertyNames (its issue #3771), so logit_bias gets keys that
     # are not token ids; keep only the entries the schema allows.
     if isinstance(case.body.get("logit_bias"), dict):

@@ -16,7 +16,7 @@ from minisgl.server.engine_client import EngineUnavailable, Mailbox, Submission
 from minisgl.server.errors import ApiError
 from minisgl.server.metrics import ServerMetrics
 from minisgl.server.request_log import RequestLog
-from minisgl.server.serving import ChunkEvents, _stream, run_choices
+from minisgl.server.serving import ChunkEvents, run_choices, sse_response
 
 
 def _dumps(obj: Any) -> str:
@@ -111,7 +111,7 @@ def test_outputs_queued_together_stream_as_one_write_of_one_event_each() -> None
     box.put(RequestOutput("a", (2,), text="y", finish_reason="length", num_output_tokens=2))
     closed: list[bool] = []
     event = ChunkEvents({"id": "c"})
-    response = _stream(run_choices(_ctx(), sub, lambda: closed.append(True)), lambda: None,  # type: ignore[arg-type]
+    response = sse_response(run_choices(_ctx(), sub, lambda: closed.append(True)), lambda: None,  # type: ignore[arg-type]
                        lambda o: event({"text": o.text, "finish_reason": o.finish_reason}), None)
     writes = asyncio.run(_all(response.body_iterator))
     assert writes == [
@@ -128,7 +128,7 @@ def test_a_rejected_choice_ends_the_stream_after_the_outputs_before_it() -> None
     box.put(RequestOutput("b", finish_reason="abort", error="prompt too long"))
     box.put(RequestOutput("a", (2,), text="never"))
     event = ChunkEvents({"id": "c"})
-    response = _stream(run_choices(_ctx(), sub, lambda: None), lambda: None,  # type: ignore[arg-type]
+    response = sse_response(run_choices(_ctx(), sub, lambda: None), lambda: None,  # type: ignore[arg-type]
                        lambda o: event({"text": o.text}), None)
     writes = asyncio.run(_all(response.body_iterator))
     assert writes[0] == 'data: {"id":"c","choices":[{"text":"x"}]}\n\n'

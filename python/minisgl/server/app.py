@@ -26,6 +26,7 @@ from minisgl.server.chat import create_chat_completion
 from minisgl.server.completions import create_completion
 from minisgl.server.engine_client import EngineUnavailable
 from minisgl.server.errors import ApiError, ErrorResponse, error_response
+from minisgl.server.generate import create_generate
 from minisgl.server.heap import settle_for_serving
 from minisgl.server.json_numbers import JsonNumbersRoute
 from minisgl.server.limits import BodyLimits
@@ -186,4 +187,5 @@ def build_app(make_context: Callable[[], ServingContext], args: ServerArgs) -> F
     generation = _responses(400, 401, 404, 408, 413, 503, **{"200": _STREAM})
     app.post("/v1/completions", responses=generation)(create_completion)
     app.post("/v1/chat/completions", responses=generation)(create_chat_completion)
+    app.post("/generate", responses=generation)(create_generate)  # SGLang's native route
     return app

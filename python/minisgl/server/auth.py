@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from minisgl.server.errors import error_response
 
 ADMIN_ROUTES = frozenset({"/abort_request", "/server_info", "/tokenize", "/detokenize", "/get_model_info",
-                          "/flush_cache", "/reset_prefix_cache"})
+                          "/flush_cache", "/reset_prefix_cache", "/generate"})
 
 
 def needs_key(path: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from transformers import PreTrainedTokenizerBase
 
@@ -108,6 +109,10 @@ class ServingContext:
         if bad:
             raise ApiError(400, f"not supported by this server: {', '.join(bad)}", bad[0])
         check_text(body)
+        self.warn_unknown(body)
+
+    @staticmethod
+    def warn_unknown(body: BaseModel) -> None:
         if body.model_extra:
             logger.warning("ignoring request fields this server does not know: %s", ", ".join(sorted(body.model_extra)))
 
@@ -183,7 +188,7 @@ async def _until_disconnect(raw: Request) -> None:
 ChunkFn = Callable[[RequestOutput], dict[str, Any]]
 
 
-def _stream(
+def sse_response(
     outputs: Outputs,
     close: Callable[[], None],
     event: Callable[[RequestOutput], str],
@@ -214,7 +219,7 @@ def _stream(
     return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(close_after))
 
 
-async def _collect(raw: Request, outputs: Outputs, on_output: Callable[[RequestOutput], None]) -> bool:
+async def collect_outputs(raw: Request, outputs: Outputs, on_output: Callable[[RequestOutput], None]) -> bool:
     """Feed every output to on_output; True if the client disconnected first (the rest is aborted)."""
 
     async def consume() -> None:
@@ -293,14 +298,14 @@ async def respond(
         chunk_head = {**head, "object": chunk_object}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         chunk_event = ChunkEvents(chunk_head)
-        return _stream(
+        return sse_response(
             outputs, close, lambda o: chunk_event(delta(o)),
             (lambda: {**chunk_head, "choices": [], "usage": total_usage()}) if include_usage else None,
         )
     index = {c.rid: c.index for c in choices}
     merged: dict[int, dict[str, Any]] = {c.index: {} for c in choices}
     try:
-        gone = await _collect(raw, outputs, lambda o: merge_delta(merged[index[o.rid]], delta(o)))
+        gone = await collect_outputs(raw, outputs, lambda o: merge_delta(merged[index[o.rid]], delta(o)))
     finally:
         close()  # also when the client left before the outputs were ever read
     if gone:
