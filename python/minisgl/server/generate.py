@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, GenerateRequest, RequestOutput, TokenLogprob
+from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, RequestOutput, TokenLogprob
 from minisgl.server.admission import check_text, response_id
 from minisgl.server.generate_types import DEFAULT_MAX_NEW_TOKENS, GenerateRequestBody, GenerateSampling
 from minisgl.server.openai_types import MAX_CHOICES
@@ -30,9 +30,9 @@ from minisgl.server.serving import (
     ServingContext,
     collect_outputs,
     new_id,
-    run_choices,
     sse,
     sse_response,
+    start_choices,
 )
 
 
@@ -180,15 +180,7 @@ async def create_generate(body: GenerateRequestBody, raw: Request) -> Response:
     rid = response_id(raw, body.rid or new_id("gen"))
     choices = _choices(ctx, body, rid)
     render = _Render(ctx, body, choices)
-    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices]
-    sub = ctx.admission.admit(rid, reqs)
-    ctx.request_log.received(rid, reqs)
-
-    def close() -> None:
-        ctx.metrics.count_aborts(sub.close())
-        ctx.request_log.forget(sub.rids)
-
-    outputs = run_choices(ctx, sub, close)
+    outputs, close = start_choices(ctx, rid, choices)
     if body.stream:
         return sse_response(outputs, close, lambda o: sse(render.result(render.push(o))), None)
     try:

@@ -271,6 +271,21 @@ def merge_delta(into: dict[str, Any], delta: dict[str, Any]) -> None:
             into[k] = v
 
 
+def start_choices(ctx: ServingContext, request_id: str, choices: list[Choice]) -> tuple[Outputs, Callable[[], None]]:
+    """Admit the choices as one response's engine requests (every check happens here, before any
+    header is sent): their outputs, and the close that ends the response (idempotent: whichever
+    way the response ends first closes the submission, aborting what still runs)."""
+    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices]
+    sub = ctx.admission.admit(request_id, reqs)
+    ctx.request_log.received(request_id, reqs)
+
+    def close() -> None:
+        ctx.metrics.count_aborts(sub.close())
+        ctx.request_log.forget(sub.rids)
+
+    return run_choices(ctx, sub, close), close
+
+
 async def respond(
     ctx: ServingContext,
     raw: Request,
@@ -285,15 +300,7 @@ async def respond(
     """Admit the choices (every check happens here, before any header is sent), then stream their
     deltas, or merge them into one body whose choices pass through finish()."""
     head = {**head, "id": response_id(raw, head["id"])}
-    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices]
-    sub = ctx.admission.admit(head["id"], reqs)
-    ctx.request_log.received(head["id"], reqs)
-
-    def close() -> None:  # idempotent: whichever way the response ends first closes the submission
-        ctx.metrics.count_aborts(sub.close())
-        ctx.request_log.forget(sub.rids)
-
-    outputs = run_choices(ctx, sub, close)
+    outputs, close = start_choices(ctx, head["id"], choices)
     if body.stream:
         chunk_head = {**head, "object": chunk_object}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
