@@ -53,22 +53,29 @@ def test_tp2_rank0_scheduler_matches_single_rank(tiny_checkpoints) -> None:
 
 
 def test_tp2_followers_copy_the_cached_states(tiny_checkpoints) -> None:
-    """A prompt that reuses a cached prefix under TP: the follower copies its share of the state
-    from the step messages, so the tokens and logprobs are one rank's without the cache."""
+    """Prompts that reuse a cached prefix, and one that takes over what a finished request fed,
+    under TP: the follower copies its share of the state and sets its page table from the step
+    messages, so the tokens and logprobs are one rank's without the cache."""
     path = tiny_checkpoints["bf16"]
     g = torch.Generator().manual_seed(12)
     first = torch.randint(0, 512, (70,), generator=g).tolist()
     second = first[:60] + torch.randint(0, 512, (30,), generator=g).tolist()
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
-    want = LLM(path, disable_radix_cache=True, **ENGINE).generate([second], params)[0]
+    plain = LLM(path, disable_radix_cache=True, **ENGINE)
+    want = plain.generate([second], params)[0]
+    third = second + list(want.token_ids[:3]) + [7, 8]  # continues what `second` fed: takes its slot over
+    want_third = plain.generate([third], params)[0]
     with LLM(path, tp_size=2, **ENGINE) as llm:
         llm.generate([first], params)
         got = llm.generate([second], params)[0]
+        got_third = llm.generate([third], params)[0]
     assert got.num_cached_tokens == 48 and want.num_cached_tokens == 0
-    assert got.token_ids == want.token_ids
-    for a, b in zip(got.logprobs, want.logprobs):
-        assert [t for t, _ in a.top] == [t for t, _ in b.top]
-        assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], rel=1e-5, abs=1e-6)
+    assert got_third.num_cached_tokens == len(second) + 3
+    for have, expect in ((got, want), (got_third, want_third)):
+        assert have.token_ids == expect.token_ids
+        for a, b in zip(have.logprobs, expect.logprobs):
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+            assert [v for _, v in a.top] == pytest.approx([v for _, v in b.top], rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.load

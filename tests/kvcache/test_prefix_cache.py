@@ -34,13 +34,28 @@ def test_index_finds_the_longest_entry_that_leaves_a_token_to_feed() -> None:
 def test_index_verifies_tokens_behind_equal_hashes(monkeypatch: pytest.MonkeyPatch) -> None:
     import minisgl.kvcache.prefix_index as mod
 
+    monkeypatch.setattr(mod, "page_hashes", lambda tokens, size, pages: iter([0] + [7] * pages))  # all collide
     index = PrefixIndex(PS)
     assert index.insert(_entry([1, 2, 3, 4], 1))
-    monkeypatch.setattr(mod, "page_hashes", lambda tokens, size, pages: iter(range(1, pages + 1)))
-    index._entries = {(1, 1): index._entries.popitem()[1]}  # keyed as the colliding hashes would key it
-    index._used = {(1, 1): 0}
-    assert index.match([9, 9, 9, 9, 9]) is None  # same "hash", other tokens
-    assert index.match([1, 2, 3, 4, 9]).slot == 1
+    assert index.insert(_entry([5, 6, 7, 8], 2))  # same key, other tokens: both kept
+    assert index.match([9, 9, 9, 9, 9]) is None
+    assert index.match([1, 2, 3, 4, 9]).slot == 1 and index.match([5, 6, 7, 8, 9]).slot == 2
+
+
+def test_parked_sequences_match_exactly_and_go_to_one_taker() -> None:
+    index = PrefixIndex(PS)
+    base = list(range(20))
+    parked = PrefixEntry(tuple(base[:10]), (1, 2, 3), 1, parked=True)  # 2 whole pages and 2 tokens
+    short = PrefixEntry(tuple(base[:3]), (4,), 2, parked=True)  # less than a page
+    assert index.insert(parked) and index.insert(short) and index.insert(_entry(base[:8], 3))
+    assert index.match(base[:11]) is parked  # longer than the shared 8
+    assert index.match(base[:10]).slot == 3  # all 10 would leave nothing to feed
+    assert index.match(base[:9] + [99, 5]).slot == 3  # diverges inside the parked tail
+    assert index.match(base[:4]) is short
+    index.remove(parked)
+    assert index.match(base[:11]).slot == 3 and len(index) == 2
+    with pytest.raises(ValueError, match="whole pages"):
+        index.insert(PrefixEntry(tuple(base[:10]), (1, 2, 3), 4))
 
 
 def test_index_evicts_least_recently_used() -> None:
@@ -136,6 +151,29 @@ def test_the_matched_entry_may_give_its_own_slot() -> None:
     assert alloc.free_pages == 16 and alloc.free_slots == 2
 
 
+def test_a_parked_sequence_is_taken_over_whole() -> None:
+    alloc = PoolAllocator(max_running=3, total_pages=20, page_size=PS, max_seq_len=64, prefix_cache=True)
+    fed = list(range(100, 114))  # 14 tokens: 3 whole pages and 2 tokens in a fourth
+    slot, _ = alloc.admit(fed[:10], 24, reuse=True)
+    alloc.ensure_tokens(slot, 16)  # a page more than the fed tokens need, as an overshoot step takes
+    pages = list(alloc._pages[slot])
+    assert alloc.park(slot, fed) is not None
+    alloc.check_integrity()
+    assert alloc.cached_prefixes == 1 and alloc.free_slots == 2 and alloc.evictable_pages == 4
+    assert alloc.free_pages == 16  # the fifth page went back
+    taker, entry = alloc.admit_entry(fed + [7, 7], 30, reuse=True)
+    assert entry is not None and entry.parked and taker == slot and alloc._pages[taker] == pages[:4]
+    assert alloc.cached_prefixes == 0 and alloc.evictable_pages == 0
+    alloc.ensure_tokens(taker, 30)  # writes on into the partial page, then pages of its own
+    alloc.check_integrity()
+    other, reused = alloc.admit(fed + [8], 16, reuse=True)
+    assert reused == 0  # taken: nobody else continues it
+    alloc.free(taker)
+    alloc.free(other)
+    alloc.check_integrity()
+    assert alloc.free_pages == 20 and alloc.free_slots == 3
+
+
 def test_random_traffic_keeps_the_books() -> None:
     """Random admissions (prompts sharing prefixes), growth, caching and frees, checked after every
     change; at the end every page and slot is free once the cache is emptied."""
@@ -143,6 +181,8 @@ def test_random_traffic_keeps_the_books() -> None:
     alloc = PoolAllocator(max_running=6, total_pages=60, page_size=PS, max_seq_len=64, prefix_cache=True)
     stems = [[rng.randrange(50) for _ in range(40)] for _ in range(3)]
     live: dict[int, tuple[list[int], int, int]] = {}  # slot -> prompt, reserve, tokens so far
+    fed_seqs: list[list[int]] = []  # what parked slots fed
+    hits = {None: 0, False: 0, True: 0}  # admissions without a hit, with a shared prefix, taking over
     for _ in range(600):
         if live and (rng.random() < 0.4 or not alloc.can_allocate(64)):
             slot = rng.choice(list(live))
@@ -154,14 +194,22 @@ def test_random_traffic_keeps_the_books() -> None:
                 if (at := alloc.checkpoint(len(prompt), 0)) and have >= at:
                     alloc.cache_prefix(slot, prompt[:at])
             else:
-                alloc.free(slot)
+                if rng.random() < 0.5 and alloc.park(slot, (prompt + [1] * 64)[:have]) is not None:
+                    fed_seqs.append((prompt + [1] * 64)[:have])
+                else:
+                    alloc.free(slot)
                 del live[slot]
         else:
-            prompt = rng.choice(stems)[: rng.randint(6, 40)] + [rng.randrange(50) for _ in range(rng.randint(1, 8))]
+            if fed_seqs and rng.random() < 0.3:
+                prompt = rng.choice(fed_seqs) + [rng.randrange(50) for _ in range(rng.randint(1, 8))]
+            else:
+                prompt = rng.choice(stems)[: rng.randint(6, 40)] + [rng.randrange(50) for _ in range(rng.randint(1, 8))]
             reserve = min(64, len(prompt) + rng.randint(0, 16))
-            if alloc.can_allocate(reserve):
-                slot, reused = alloc.admit(prompt, reserve, reuse=rng.random() < 0.9)
-                assert reused < len(prompt) and prompt[:reused] == list(prompt[:reused])
+            if len(prompt) < 64 and alloc.can_allocate(reserve):
+                slot, entry = alloc.admit_entry(prompt, reserve, reuse=rng.random() < 0.9)
+                reused = len(entry.tokens) if entry is not None else 0
+                hits[entry.parked if entry is not None else None] += 1
+                assert reused < len(prompt) and (entry is None or list(entry.tokens) == prompt[:reused])
                 alloc.ensure_tokens(slot, max(reused, 1))
                 live[slot] = (prompt, reserve, max(reused, 1))
         alloc.check_integrity()
@@ -171,6 +219,7 @@ def test_random_traffic_keeps_the_books() -> None:
     alloc.flush_cache()
     alloc.check_integrity()
     assert alloc.free_pages == 60 and alloc.free_slots == 6
+    assert min(hits.values()) > 5, hits
 
 
 LAYOUT = PoolLayout(full_layers=(3,), num_kv_heads=1, head_dim=2, linear_layers=(0, 1), conv_dim=3, conv_kernel=4,

@@ -8,6 +8,8 @@ import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.kvcache.allocator import CHECKPOINT_TAIL
+from minisgl.scheduler.messages import GenerateRequest
+from minisgl.scheduler.scheduler import Scheduler
 
 PAGE = 16
 
@@ -112,3 +114,28 @@ def test_reset_prefix_cache_gives_every_page_and_slot_back(pair: tuple[LLM, LLM]
     assert pool.cached_prefixes == 0 and pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
     prompt = _ids(60, 20) + [5]
     assert cached.generate([prompt], params)[0].num_cached_tokens == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_prompt_that_continues_a_finished_one_takes_it_over(pair: tuple[LLM, LLM], overlap: bool) -> None:
+    """An agent's next call: the prompt holds everything the last request fed (its prompt and its
+    output), then more. With the overlap loop the step after a stop token still feeds it, so the
+    parked sequence ends after it; without, before it. Either way the taker's logprobs are the
+    plain run's."""
+    cached, plain = pair
+    first = _ids(50, 30 + overlap)
+    free = plain.generate([first], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))[0].token_ids
+    stop_at = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[free[4]])
+    sched = Scheduler(cached.engine, overlap=overlap)
+    sched.add_request(GenerateRequest("a", tuple(first), stop_at))
+    out = [t for _ in range(50) if sched.has_work for o in sched.step() for t in o.new_token_ids]
+    sched.check_integrity()
+    assert out[-1] == free[4] and len(out) <= 5
+    fed = len(first) + len(out) - (not overlap)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
+    nxt = first + out + _ids(12, 32)
+    got, want = cached.generate([nxt], params)[0], plain.generate([nxt], params)[0]
+    assert got.num_cached_tokens == fed
+    _assert_same(got, want)
+    again = cached.generate([nxt], params)[0]  # taken over: only a shared prefix is left for it
+    assert again.num_cached_tokens % PAGE == 0 and again.num_cached_tokens < fed

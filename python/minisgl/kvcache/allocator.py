@@ -108,7 +108,13 @@ class PoolAllocator:
         lent = list(entry.pages) if entry is not None else []
         for page in lent:  # held before a slot is taken: that may evict the entry itself
             self._hold(page, by_slot=True)
-        slot = self._take_slot()
+        if entry is not None and entry.parked:  # taken over: its slot and pages become the request's
+            self.cache.remove(entry)
+            for page in lent:
+                self._drop(page, by_slot=False)
+            slot = entry.slot
+        else:
+            slot = self._take_slot()
         self._pages[slot] = lent
         self._borrowed[slot] = len(lent)
         self._reserved[slot] = need - len(lent)
@@ -140,6 +146,22 @@ class PoolAllocator:
             self._hold(page, by_slot=False)
         return entry
 
+    def park(self, slot: int, tokens: Sequence[int]) -> PrefixEntry | None:
+        """End running `slot`, keeping what it fed (`tokens`, its state in the slot) for the prompt
+        that continues it: the slot and the pages that hold the tokens become a parked entry, the
+        rest of its pages go back. None (nothing changed) without the cache or where the same
+        tokens are cached already: the caller frees the slot."""
+        if self.cache is None or not tokens:
+            return None
+        entry = PrefixEntry(tuple(tokens), tuple(self._pages[slot][: _num_pages(len(tokens), self.page_size)]), slot,
+                            parked=True)
+        if not self.cache.insert(entry):
+            return None
+        for page in entry.pages:
+            self._hold(page, by_slot=False)
+        self._release_running(slot)
+        return entry
+
     def ensure_tokens(self, slot: int, tokens: int) -> tuple[int, list[int]]:
         """Grow the slot's pages so `tokens` tokens fit; returns (index of the first new page, new pages)."""
         pages = self._pages[slot]
@@ -156,12 +178,16 @@ class PoolAllocator:
         return start, new
 
     def free(self, slot: int) -> None:
+        self._release_running(slot)
+        self._free_slots.append(slot)
+
+    def _release_running(self, slot: int) -> None:
+        """The slot no longer runs a request: its reservation ends and its pages lose its hold."""
         pages = self._pages.pop(slot)
         borrowed = self._borrowed.pop(slot)
         self._untaken -= self._reserved.pop(slot) - (len(pages) - borrowed)
         for page in reversed(pages):
             self._drop(page, by_slot=True)
-        self._free_slots.append(slot)
 
     def flush_cache(self) -> int:
         """Evict every cached prefix (their pages and slots go back unless running requests hold

@@ -197,7 +197,7 @@ class HybridPool:
             self.reset_slot(slot)
             return slot, 0
         self.assign_pages(slot, 0, list(entry.pages))
-        if entry.slot != slot:  # else the entry was evicted for this slot, its state left in place
+        if entry.slot != slot:  # else a parked entry taken over, or one evicted for this slot: the state is there
             self.copy_state(entry.slot, slot)
         return slot, len(entry.tokens)
 
@@ -211,6 +211,14 @@ class HybridPool:
         if entry is not None:
             self.copy_state(slot, entry.slot)
         return entry is not None
+
+    def park(self, slot: int, tokens: Sequence[int]) -> bool:
+        """End running `slot` keeping what it fed for the prompt that continues it (allocator.park);
+        False where nothing was kept: then free() it."""
+        if self.allocator.park(slot, tokens) is None:
+            return False
+        self.clear_slot(slot)  # its table row is a running slot's; the taker's pages are assigned anew
+        return True
 
     def flush_cache(self) -> int:
         return self.allocator.flush_cache()

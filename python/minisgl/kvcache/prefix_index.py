@@ -1,9 +1,12 @@
-"""Which cached prompt prefix a new prompt starts with: token sequences of whole pages, found by a
-chain of page hashes, verified token by token, least recently used first out.
+"""Which cached token sequence a new prompt starts with: entries found by a chain of page hashes,
+verified token by token, least recently used first out.
 
-A hybrid model's recurrent state exists only where a forward stopped, so a prefix is cached at one
-length (its entry), not at every page as an attention-only radix tree would: a prompt reuses the
-longest entry it starts with.
+A hybrid model's recurrent state exists only where a forward stopped, so a sequence is cached at
+one length (its entry), not at every page as an attention-only radix tree would: a prompt reuses
+the longest entry it starts with. Two kinds:
+- a prefix: whole pages, shared by every prompt that starts with it (each gets a copy of its state);
+- a parked sequence: all a finished request fed (its last page may be partial), taken over whole
+  by the one prompt that continues it (the next call of an agent), which writes on into that page.
 """
 from __future__ import annotations
 
@@ -12,70 +15,83 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: two entries are never one
 class PrefixEntry:
-    tokens: tuple[int, ...]  # a whole number of pages
+    tokens: tuple[int, ...]
     pages: tuple[int, ...]  # the K/V pages that hold them
     slot: int  # the state slot that holds the recurrent state after them
+    parked: bool = False  # taken over by the prompt that matches it (else shared)
 
 
 def page_hashes(tokens: Sequence[int], page_size: int, pages: int) -> Iterator[int]:
-    """The hash of each of the first `pages` pages of `tokens` chained with those before it: equal
-    hashes at page k mean (but for collisions) equal first k pages."""
+    """The hash of each of the first `pages` pages of `tokens` chained with those before it, from the
+    empty chain's 0: equal hashes at page k mean (but for collisions) equal first k pages."""
     h = 0
+    yield h
     for k in range(pages):
         h = hash((h, tuple(tokens[k * page_size : (k + 1) * page_size])))
         yield h
 
 
 class PrefixIndex:
-    """Entries by (their page count, the chained hash of their pages); one entry per prefix."""
+    """Entries by (their whole pages, the chained hash of those pages)."""
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self._entries: dict[tuple[int, int], PrefixEntry] = {}
-        self._used: dict[tuple[int, int], int] = {}  # key -> clock of its last insert or hit
+        self._buckets: dict[tuple[int, int], list[PrefixEntry]] = {}
+        self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
         self._clock = itertools.count()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._used)
 
     def entries(self) -> list[PrefixEntry]:
-        return list(self._entries.values())
+        return list(self._used)
 
-    def _key(self, tokens: Sequence[int], pages: int) -> tuple[int, int]:
+    def _key(self, tokens: Sequence[int]) -> tuple[int, int]:
+        pages = len(tokens) // self.page_size
         *_, h = page_hashes(tokens, self.page_size, pages)
         return pages, h
 
     def match(self, prompt: Sequence[int]) -> PrefixEntry | None:
         """The longest entry `prompt` starts with that leaves it at least one token to feed (the
         step that samples its first output needs one), marked as used."""
-        most = (len(prompt) - 1) // self.page_size
-        if not self._entries or most < 1:
+        if not self._used:
             return None
-        for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most), start=1))):
-            entry = self._entries.get((pages, h))
-            if entry is not None and list(entry.tokens) == list(prompt[: len(entry.tokens)]):
-                self._used[(pages, h)] = next(self._clock)
-                return entry
+        most = (len(prompt) - 1) // self.page_size
+        for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most)))):
+            for entry in self._buckets.get((pages, h), ()):  # longest first
+                n = len(entry.tokens)
+                if n < len(prompt) and list(entry.tokens) == list(prompt[:n]):
+                    self._used[entry] = next(self._clock)
+                    return entry
         return None
 
     def insert(self, entry: PrefixEntry) -> bool:
-        """Index `entry`; False (and nothing changed) where its key is taken: the same prefix cached
-        already, or, by a hash collision, another one."""
+        """Index `entry`; False (and nothing changed) where the same tokens are cached already."""
         pages, rest = divmod(len(entry.tokens), self.page_size)
-        if rest or not pages or len(entry.pages) != pages:
-            raise ValueError(f"an entry holds whole pages: {len(entry.tokens)} tokens in {len(entry.pages)} pages")
-        key = self._key(entry.tokens, pages)
-        if key in self._entries:
+        if not entry.tokens or (rest and not entry.parked):
+            raise ValueError(f"a shared prefix holds whole pages, not {len(entry.tokens)} tokens")
+        if len(entry.pages) != pages + bool(rest):
+            raise ValueError(f"{len(entry.tokens)} tokens in {len(entry.pages)} pages of {self.page_size}")
+        bucket = self._buckets.setdefault(self._key(entry.tokens), [])
+        if any(e.tokens == entry.tokens for e in bucket):
             return False
-        self._entries[key] = entry
-        self._used[key] = next(self._clock)
+        bucket.append(entry)
+        bucket.sort(key=lambda e: -len(e.tokens))
+        self._used[entry] = next(self._clock)
         return True
+
+    def remove(self, entry: PrefixEntry) -> None:
+        key = self._key(entry.tokens)
+        self._buckets[key].remove(entry)
+        if not self._buckets[key]:
+            del self._buckets[key]
+        del self._used[entry]
 
     def pop_least_recent(self) -> PrefixEntry | None:
         if not self._used:
             return None
-        key = min(self._used, key=self._used.__getitem__)
-        del self._used[key]
-        return self._entries.pop(key)
+        entry = min(self._used, key=self._used.__getitem__)
+        self.remove(entry)
+        return entry

@@ -27,6 +27,7 @@ from minisgl.host_copy import take_rows, to_device, to_host_async
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
 from minisgl.scheduler.messages import (
+    FINISH_ABORT,
     FINISH_LENGTH,
     GenerateRequest,
     RequestOutput,
@@ -265,7 +266,11 @@ class Scheduler:
     def _release(self, r: Request) -> None:
         self.running.remove(r)
         self.sampler.remove(r.slot)
-        self.pool.free(r.slot)
+        # What it fed stays for the prompt that continues it (an agent's next call); the slot's state
+        # is the state after those tokens once the steps in flight have run.
+        fed = (r.prompt_ids + r.output_ids)[: r.num_computed]
+        if r.finish_reason == FINISH_ABORT or r.prompt_logprobs is not None or not self.pool.park(r.slot, fed):
+            self.pool.free(r.slot)
         r.slot = None
         self._forget(r)
 
