@@ -42,6 +42,8 @@ class Row:
     concurrency: int | None  # None: all at once
     groups: int = 0  # > 0: the generated-shared-prefix dataset, num_prompts split into this many groups
     shared_len: int = 0  # ... whose prompts share their first shared_len of input_len tokens
+    turns: int = 0  # > 0: agent conversations (num_prompts of them) of this many turns, first prompts of
+    tool_len: int = 0  # input_len tokens, each next one the last prompt, its answer and tool_len tokens
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ MATRICES = {
         Row("first request after ready", 1024, 128, 1, 1),
         Row("Shared prefix 64x16 2048+128/256", 2176, 256, 1024, 256, groups=64, shared_len=2048),
         Row("Random 2176/256 x1024", 2176, 256, 1024, 256),  # the same sizes sharing nothing: the cost
+        Row("Agent 64x6 turns 4096+512/256 c=32", 4096, 256, 64, 32, turns=6, tool_len=512),
     )),
     "smoke": Matrix(None, False, ("--device", "cpu", "--context-length", "256"), (
         Row("first request after ready", 16, 8, 1, 1),
@@ -85,6 +88,7 @@ MATRICES = {
         Row("first request after ready", 16, 8, 1, 1),
         Row("Shared prefix 8x8 512+32/8 c=4", 544, 8, 64, 4, groups=8, shared_len=512),
         Row("Random 544/8 c=4", 544, 8, 64, 4),
+        Row("Agent 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64),
     )),
 }
 
@@ -126,18 +130,25 @@ def _wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> float:
 
 def run_row(base: str, model: str, tokenizer, row: Row, seed: int) -> dict:
     before = _server_info(base)["stats"]["compiles"]
-    if row.groups:
-        reqs = shared_prefix_requests(tokenizer, row.groups, row.num_prompts // row.groups, row.shared_len,
-                                      row.input_len - row.shared_len, row.output_len, seed)
-    else:
-        reqs = random_requests(tokenizer, row.num_prompts, row.input_len, row.output_len, 1.0, seed)
     cfg = serve.ServeConfig(base, model, float("inf"), row.concurrency, True, seed)
-    results, duration = asyncio.run(serve.run(cfg, reqs, progress=False))
-    figures = summarize(results, duration, float("inf"), row.concurrency)
+    if row.turns:
+        results, duration, extra = serve.run_agents(cfg, tokenizer, row.num_prompts, row.input_len, row.turns,
+                                                    row.tool_len, row.output_len, progress=False)
+    else:
+        results, duration = asyncio.run(serve.run(cfg, _row_requests(tokenizer, row, seed), progress=False))
+        extra = {}
+    figures = {**summarize(results, duration, float("inf"), row.concurrency), **extra}
     errors = sorted({r.error for r in results if not r.ok})
     after = _server_info(base)["stats"]["compiles"]
     return {"row": asdict(row), **figures, "compiles_during": after - before, "errors": errors[:3],
             "ttfts_ms": [round(r.ttft * 1e3, 1) for r in results if r.ok][:16]}
+
+
+def _row_requests(tokenizer, row: Row, seed: int) -> list:  # noqa: ANN001 - a transformers tokenizer
+    if row.groups:
+        return shared_prefix_requests(tokenizer, row.groups, row.num_prompts // row.groups, row.shared_len,
+                                      row.input_len - row.shared_len, row.output_len, seed)
+    return random_requests(tokenizer, row.num_prompts, row.input_len, row.output_len, 1.0, seed)
 
 
 def main() -> None:

@@ -131,6 +131,20 @@ def test_bench_serve_shared_prefix(live_server: Server, tmp_path, capsys) -> Non
     assert figures["total_cached_tokens"] == 2 * 3 * 80
 
 
+def test_bench_serve_agent_turns(live_server: Server, tmp_path, capsys) -> None:
+    out = tmp_path / "agent.json"
+    main(["serve", "--base-url", live_server.url, "--dataset-name", "agent-turns", "--agent-conversations", "3",
+          "--agent-turns", "3", "--agent-first-len", "100", "--agent-tool-len", "8", "--output-len", "4",
+          "--max-concurrency", "2", "--disable-tqdm", "--output-json", str(out)])
+    assert "TTFT by turn" in capsys.readouterr().out
+    figures = json.loads(out.read_text())
+    assert figures["completed"] == 9 and figures["failed"] == 0 and len(figures["turn_ttft_ms"]) == 3
+    # Prompts of 100, 112 and 124 tokens: each later turn takes over all the last one fed (its prompt
+    # and 3 of its 4 output tokens: the last one sampled is never fed).
+    assert figures["total_input_tokens"] == 3 * (100 + 112 + 124)
+    assert figures["total_cached_tokens"] == 3 * (103 + 115)
+
+
 def test_bench_flags_as_sglang(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--dataset-name", "sharegpt", "--base-url", "http://127.0.0.1:9"])

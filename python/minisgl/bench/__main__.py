@@ -38,6 +38,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                                 ("output-len", 256, "output tokens of every request")):
         p.add_argument(f"--gsp-{flag}", type=int, default=default,
                        help=f"generated-shared-prefix: {what} (default: %(default)s)")
+    for flag, default, what in (("conversations", 16, "conversations"), ("turns", 4, "turns a conversation"),
+                                ("first-len", 1024, "tokens of a conversation's first prompt"),
+                                ("tool-len", 128, "random tokens (a tool's result) added after each answer")):
+        p.add_argument(f"--agent-{flag}", type=int, default=default, help=f"agent-turns: {what} (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=100,
                    help="requests to send (default: %(default)s; generated-shared-prefix sends groups x prompts "
                         "per group)")
@@ -76,12 +80,20 @@ def _serve(ns: argparse.Namespace) -> None:
     tokenizer_path = ns.tokenizer or root
     if tokenizer_path is None:
         raise ValueError("the server does not say where its model is; pass --tokenizer")
-    reqs = _requests(ns, load_tokenizer(tokenizer_path), ns.seed)
+    tokenizer = load_tokenizer(tokenizer_path)
     cfg = serve.ServeConfig(base, ns.model or model, ns.request_rate, ns.max_concurrency, not ns.disable_ignore_eos,
                             ns.seed)
-    results, duration = asyncio.run(serve.run(cfg, reqs, progress=not ns.disable_tqdm))
-    figures = summarize(results, duration, ns.request_rate, ns.max_concurrency)
+    extra: dict = {}
+    if ns.dataset_name == "agent-turns":
+        results, duration, extra = serve.run_agents(cfg, tokenizer, ns.agent_conversations, ns.agent_first_len,
+                                                    ns.agent_turns, ns.agent_tool_len, ns.output_len,
+                                                    progress=not ns.disable_tqdm)
+    else:
+        results, duration = asyncio.run(serve.run(cfg, _requests(ns, tokenizer, ns.seed), progress=not ns.disable_tqdm))
+    figures = {**summarize(results, duration, ns.request_rate, ns.max_concurrency), **extra}
     print(format_block(figures, ns.backend))
+    if extra:
+        print("Mean / median TTFT by turn (ms): " + ", ".join(f"{a:.1f} / {b:.1f}" for a, b in extra["turn_ttft_ms"]))
     failed = [r.error for r in results if not r.ok]
     if failed:
         print(f"{len(failed)} requests failed; first error: {failed[0]}", file=sys.stderr)
@@ -94,6 +106,8 @@ def _offline(ns: argparse.Namespace) -> None:
     from minisgl.server.cli_args import engine_args_from
     from minisgl.startup_checks import check_startup
 
+    if ns.dataset_name == "agent-turns":
+        raise ValueError("--dataset-name agent-turns needs a server: use `serve`")
     args = engine_args_from(ns)
     check_startup(args.device, args.model_path, args.load_format)
     llm = LLM(**dataclasses.asdict(args))

@@ -10,7 +10,11 @@
 - generated-shared-prefix: --gsp-num-groups groups of --gsp-prompts-per-group prompts; a group's
   prompts share a system prompt of --gsp-system-prompt-len random tokens, each followed by a
   question of its own (--gsp-question-len), all with --gsp-output-len output tokens; the requests
-  are shuffled with the seed. This is the prefix cache's workload (many users of one system prompt).
+  are shuffled with the seed. This is the prefix cache's workload (many users of one system prompt);
+- agent-turns (serve only): --agent-conversations conversations of --agent-turns turns; the first
+  prompt is --agent-first-len random tokens, each later one the last prompt, its answer (as token
+  ids) and --agent-tool-len random tokens, a tool's result: an agent's loop, which the prefix cache
+  serves from what the last turn fed.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-DATASETS = ("random", "sharegpt", "generated-shared-prefix")
+DATASETS = ("random", "sharegpt", "generated-shared-prefix", "agent-turns")
 MIN_LEN = 4  # shorter prompts or answers say little about serving
 DEFAULT_PROMPT_LIMIT, DEFAULT_TOTAL_LIMIT = 1024, 2048
 
@@ -39,7 +43,7 @@ def random_requests(
     if input_len < 1 or output_len < 1 or num < 1:
         raise ValueError("--input-len, --output-len and --num-prompts must be >= 1")
     rng = random.Random(seed)
-    vocab = _plain_vocab(tokenizer)
+    vocab = plain_vocab(tokenizer)
 
     def length(n: int) -> int:
         return rng.randint(max(1, int(n * range_ratio)), n)
@@ -49,7 +53,7 @@ def random_requests(
     ]
 
 
-def _plain_vocab(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def plain_vocab(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     special = set(tokenizer.all_special_ids)
     return [t for t in range(len(tokenizer)) if t not in special]
 
@@ -62,7 +66,7 @@ def shared_prefix_requests(
         raise ValueError("--gsp-num-groups, --gsp-prompts-per-group, --gsp-system-prompt-len, --gsp-question-len "
                          "and --gsp-output-len must be >= 1")
     rng = random.Random(seed)
-    vocab = _plain_vocab(tokenizer)
+    vocab = plain_vocab(tokenizer)
     out = []
     for _ in range(groups):
         system = rng.choices(vocab, k=system_len)

@@ -17,6 +17,7 @@ class RequestResult:
     itl: tuple[float, ...]  # seconds between consecutive token chunks
     error: str = ""
     cached_len: int = 0  # prompt tokens the server's prefix cache served (its usage's cached_tokens)
+    output_ids: tuple[int, ...] = ()  # the output's token ids, where asked for (agent conversations)
 
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
@@ -61,6 +62,15 @@ def summarize(results: list[RequestResult], duration: float, request_rate: float
                      ("itl", itl)):
         out.update({f"{stat}_{name}_ms": value for stat, value in _ms(xs).items()})
     out["max_itl_ms"] = max(itl) * 1e3 if itl else 0.0
+    return out
+
+
+def turn_ttfts(talks: list[list[RequestResult]]) -> list[tuple[float, float]]:
+    """(mean, median) TTFT in ms of each turn over the conversations that got that far."""
+    out = []
+    for turn in range(max(len(t) for t in talks)):
+        ttfts = [t[turn].ttft * 1e3 for t in talks if len(t) > turn and t[turn].ok]
+        out.append((float(np.mean(ttfts)), float(np.median(ttfts))) if ttfts else (0.0, 0.0))
     return out
 
 

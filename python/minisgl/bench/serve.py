@@ -9,12 +9,14 @@ import json
 import random
 import time
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 import httpx
 from tqdm import tqdm
+from transformers import PreTrainedTokenizerBase
 
-from minisgl.bench.dataset import BenchRequest
-from minisgl.bench.report import RequestResult
+from minisgl.bench.dataset import BenchRequest, plain_vocab, random_requests
+from minisgl.bench.report import RequestResult, turn_ttfts
 
 REQUEST_TIMEOUT = 600.0  # seconds for one request; a benchmark never waits forever
 # Idle connections are reused for at most this long: below uvicorn's 5 s keep-alive (vLLM's and
@@ -37,12 +39,15 @@ class ServeConfig:
     seed: int
 
 
-async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -> RequestResult:
+async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest, want_ids: bool = False) -> RequestResult:
+    """One streamed completion; `want_ids`: also the output's token ids (vLLM's return_token_ids)."""
     body = {"model": cfg.model, "prompt": list(req.prompt_ids), "max_tokens": req.output_len, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos,
+            **({"return_token_ids": True} if want_ids else {})}
     start = time.perf_counter()
     stamps: list[float] = []
     output_len = cached = 0
+    output_ids: list[int] = []
     try:
         async with client.stream("POST", "/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -56,19 +61,74 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest) -
                 if chunk.get("usage"):
                     output_len = chunk["usage"]["completion_tokens"]
                     cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    stamps.append(time.perf_counter())
+                if chunk.get("choices"):
+                    output_ids.extend(chunk["choices"][0].get("token_ids") or ())
+                    if chunk["choices"][0].get("text"):
+                        stamps.append(time.perf_counter())
     except httpx.HTTPError as e:
         return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), f"{type(e).__name__}: {e}")
     latency = time.perf_counter() - start
     if not stamps:
         return RequestResult(False, len(req.prompt_ids), output_len, latency, latency, (), "no tokens streamed")
     itl = tuple(b - a for a, b in zip(stamps, stamps[1:]))
-    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl, cached_len=cached)
+    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl, cached_len=cached,
+                         output_ids=tuple(output_ids))
+
+
+Work = Callable[[httpx.AsyncClient, BenchRequest], Awaitable[list[RequestResult]]]
 
 
 async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True) -> tuple[list[RequestResult], float]:
     """(per-request results in order, wall-clock duration)."""
+
+    async def one(client: httpx.AsyncClient, req: BenchRequest) -> list[RequestResult]:
+        return [await _one(client, cfg, req)]
+
+    return await _drive(cfg, reqs, one, progress)
+
+
+async def run_conversations(cfg: ServeConfig, firsts: list[BenchRequest], turns: int, tool_len: int, vocab: list[int],
+                            progress: bool = True) -> tuple[list[list[RequestResult]], float]:
+    """Agent conversations: each sends its first prompt, then `turns` - 1 more, each the last
+    prompt, the answer's token ids and `tool_len` random tokens (a tool's result), one after the
+    other; at most max_concurrency conversations at once. -> (each conversation's results by turn,
+    wall-clock duration)."""
+    rng = random.Random(cfg.seed)
+    by_first: dict[int, list[RequestResult]] = {}
+
+    async def talk(client: httpx.AsyncClient, req: BenchRequest) -> list[RequestResult]:
+        results = []
+        for turn in range(turns):
+            res = await _one(client, cfg, req, want_ids=True)
+            results.append(res)
+            if not res.ok or turn == turns - 1:
+                break
+            if len(res.output_ids) != res.output_len:
+                raise ValueError("the server sent no token ids (vLLM's return_token_ids): the next turn needs them")
+            req = BenchRequest(req.prompt_ids + res.output_ids + tuple(rng.choices(vocab, k=tool_len)), req.output_len)
+        return results
+
+    flat, duration = await _drive(cfg, firsts, talk, progress, by_first)
+    return [by_first[i] for i in range(len(firsts))], duration
+
+
+def run_agents(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversations: int, first_len: int, turns: int,
+               tool_len: int, output_len: int, progress: bool = True) -> tuple[list[RequestResult], float, dict]:
+    """run_conversations on first prompts of random tokens: (every result, duration, the figures
+    only conversations have: each turn's TTFT)."""
+    if min(conversations, turns, first_len, output_len) < 1 or tool_len < 0:
+        raise ValueError("--agent-conversations, --agent-turns, --agent-first-len and --output-len must be >= 1, "
+                         "--agent-tool-len >= 0")
+    firsts = random_requests(tokenizer, conversations, first_len, output_len, 1.0, cfg.seed)
+    talks, duration = asyncio.run(run_conversations(cfg, firsts, turns, tool_len, plain_vocab(tokenizer), progress))
+    return [r for talk in talks for r in talk], duration, {"turn_ttft_ms": turn_ttfts(talks)}
+
+
+async def _drive(cfg: ServeConfig, reqs: list[BenchRequest], work: Work, progress: bool,
+                 by_item: dict[int, list[RequestResult]] | None = None) -> tuple[list[RequestResult], float]:
+    """Run `work` on every item (a request, or a conversation's first), each holding one of
+    max_concurrency slots while it runs, arriving at the request rate. -> (every result, in item
+    order; wall-clock duration); `by_item` also gets each item's results."""
     rng = random.Random(cfg.seed)
     limit = cfg.max_concurrency or len(reqs)
     # A request holds one slot while it runs (at most `limit` at once, first come first served);
@@ -85,25 +145,27 @@ async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True)
             clients.append(await stack.enter_async_context(
                 httpx.AsyncClient(base_url=cfg.base_url, timeout=REQUEST_TIMEOUT, limits=limits)))
 
-        async def guarded(req: BenchRequest) -> RequestResult:
+        async def guarded(i: int, req: BenchRequest) -> list[RequestResult]:
             slot = await slots.get()
             try:
-                res = await _one(clients[slot // CONNECTIONS_PER_CLIENT], cfg, req)
+                res = await work(clients[slot // CONNECTIONS_PER_CLIENT], req)
             finally:
                 slots.put_nowait(slot)
             bar.update(1)
+            if by_item is not None:
+                by_item[i] = res
             return res
 
         start = time.perf_counter()
         tasks = []
-        for req in reqs:
-            tasks.append(asyncio.create_task(guarded(req)))
+        for i, req in enumerate(reqs):
+            tasks.append(asyncio.create_task(guarded(i, req)))
             if cfg.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
     bar.close()
-    return list(results), duration
+    return [r for rs in results for r in rs], duration
 
 
 def served_model(base_url: str) -> tuple[str, str | None]:
