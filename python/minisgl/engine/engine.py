@@ -178,8 +178,8 @@ class Engine:
                 "piecewise_graph_gib": round(self.piecewise_bytes / 2**30, 3)}
 
     def _log_pool(self) -> None:
-        logger.info("prefix cache: %s", "on: idle slots and pages keep prompt prefixes (--disable-radix-cache: off)"
-                    if self.pool_cfg.prefix_cache else "off")
+        logger.info("prefix cache %s", "on: idle slots and pages keep what requests fed (--disable-radix-cache turns "
+                    "it off)" if self.pool_cfg.prefix_cache else "off")
         if self.preparation is not None:
             logger.info("%s", self.preparation.describe(self.startup_seconds))
             return
