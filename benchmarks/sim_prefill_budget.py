@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from unittest import mock
 
 from gpu_timing import table
+from minisgl.kvcache.allocator import Admission
 from minisgl.prefill_budget import step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler import rules
@@ -86,11 +87,8 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
-        return 0, 0  # no prefix cache: the profiles' prompts share nothing
-
-    def checkpoint(self, prompt_len: int, cached: int) -> int:
-        return 0
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission:
+        return Admission(0)  # no prefix cache: the profiles' prompts share nothing
 
 
 def replay(profile: Profile, rule: Rule, chunk: int = CHUNK) -> dict[str, float]:

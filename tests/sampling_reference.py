@@ -13,6 +13,7 @@ import torch
 
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
+from minisgl.kvcache.allocator import Admission
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import GenerateRequest
 from minisgl.scheduler.scheduler import Scheduler
@@ -175,9 +176,9 @@ def check_greedy_loop(
         steps.append((list(zip(batch.slots.tolist(), fed)), out.float().cpu().clone()))
         return out
 
-    def admitting(prompt: list[int], reserve: int, reuse: bool) -> tuple[int, int]:
-        slots.append(admit(prompt, reserve, reuse)[0])
-        return slots[-1], 0  # no reuse: each request's steps are the ones checked below
+    def admitting(prompt: list[int], reserve: int, reuse: bool) -> Admission:
+        slots.append(admit(prompt, reserve, reuse=False).slot)
+        return Admission(slots[-1])  # no reuse: each request's steps are the ones checked below
 
     engine.forward_batch, engine.pool.admit = recording, admitting
     try:

@@ -6,6 +6,7 @@ from collections import deque
 import pytest
 
 from minisgl.engine.args import EngineArgs
+from minisgl.kvcache.allocator import Admission
 from minisgl.prefill_budget import step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.request import Request
@@ -51,12 +52,9 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission:
         self.next_slot += 1
-        return self.next_slot, 0
-
-    def checkpoint(self, prompt_len: int, cached: int) -> int:
-        return 0
+        return Admission(self.next_slot)
 
 
 def _decoding(i: int) -> Request:

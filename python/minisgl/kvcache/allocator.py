@@ -13,6 +13,7 @@ entries alone count as available, so admission never waits on the cache.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from minisgl.kvcache.pages import _num_pages
@@ -24,6 +25,15 @@ DUMMY_SLOT = 0
 # earlier turn's generation prompt differently in the next turn's history (Qwen3.5 leaves out the
 # `<think>` it opened with), so the next prompt shares the earlier one up to a few tokens before its end.
 CHECKPOINT_TAIL = 16
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where a request starts in the pool."""
+
+    slot: int
+    cached: int = 0  # prompt tokens it reuses from the cache
+    checkpoint: int = 0  # where its prefill stops once so the prefix before it can be cached (0: nowhere)
 
 
 class PoolExhausted(RuntimeError):
@@ -87,16 +97,15 @@ class PoolAllocator:
 
     def allocate(self, reserve_tokens: int) -> int:
         """Take a slot and reserve pages for up to `reserve_tokens` tokens."""
-        return self.admit_entry((), reserve_tokens, reuse=False)[0]
+        return self.admit((), reserve_tokens, reuse=False).slot
 
-    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
-        """(slot, prompt tokens reused from the cache): allocate(), starting from the longest cached
-        prefix of `prompt` where `reuse`. (The AFD lanes' allocators keep no cache: 0 tokens.)"""
-        slot, entry = self.admit_entry(prompt, reserve_tokens, reuse)
-        return slot, len(entry.tokens) if entry is not None else 0
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> Admission:
+        """allocate(), starting from the longest cached prefix of `prompt` where `reuse` (which also
+        allows caching its own). (The AFD lanes' allocators keep no cache: nothing reused.)"""
+        return self.admit_entry(prompt, reserve_tokens, reuse)[0]
 
-    def admit_entry(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, PrefixEntry | None]:
-        """admit(), naming the entry whose pages the slot borrowed (its state is the caller's to copy)."""
+    def admit_entry(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[Admission, PrefixEntry | None]:
+        """admit(), and the entry whose pages the slot borrowed (its state is the caller's to copy)."""
         if reserve_tokens > self.max_seq_len:
             raise PoolExhausted(f"a request of {reserve_tokens} tokens exceeds max_seq_len={self.max_seq_len}")
         if not self._free_slots and not self.cached_prefixes:
@@ -119,9 +128,14 @@ class PoolAllocator:
         self._borrowed[slot] = len(lent)
         self._reserved[slot] = need - len(lent)
         self._untaken += need - len(lent)
-        return slot, entry
+        cached = len(entry.tokens) if entry is not None else 0
+        # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
+        # that continues it: stopping its prefill for a shared prefix would only cost a step.
+        continues = entry is not None and entry.parked
+        at = self._checkpoint(len(prompt), cached) if reuse and not continues else 0
+        return Admission(slot, cached, at), entry
 
-    def checkpoint(self, prompt_len: int, cached: int) -> int:
+    def _checkpoint(self, prompt_len: int, cached: int) -> int:
         """Where a new request's prefill should stop once so its prefix can be cached (0: nowhere):
         the last page boundary at least CHECKPOINT_TAIL tokens before the prompt's end, past what it
         reused, while a slot could hold the entry."""

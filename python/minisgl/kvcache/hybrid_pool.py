@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from minisgl.host_copy import to_device
-from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT, PoolAllocator, PoolExhausted
+from minisgl.kvcache.allocator import DUMMY_PAGE, DUMMY_SLOT, Admission, PoolAllocator, PoolExhausted
 from minisgl.kvcache.kv_pool import KVPool
 from minisgl.kvcache.pages import _num_pages
 from minisgl.kvcache.state_pool import StatePool
@@ -187,22 +187,20 @@ class HybridPool:
 
     def allocate(self, reserve_tokens: int) -> int:
         """Take a slot with zeroed state and reserve pages for up to `reserve_tokens` tokens."""
-        return self.admit((), reserve_tokens, reuse=False)[0]
+        return self.admit((), reserve_tokens, reuse=False).slot
 
-    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]:
-        """allocate(), or where `reuse` and the cache holds a prefix of `prompt`, a slot that starts
-        after it: the prefix's pages in its table row and its state. -> (slot, tokens reused)."""
-        slot, entry = self.allocator.admit_entry(prompt, reserve_tokens, reuse)
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> Admission:
+        """allocator.admit: where `reuse` and the cache holds a prefix of `prompt`, the slot starts
+        after it, with the prefix's pages in its table row and its state; else from zero state."""
+        admission, entry = self.allocator.admit_entry(prompt, reserve_tokens, reuse)
+        slot = admission.slot
         if entry is None:
             self.reset_slot(slot)
-            return slot, 0
-        self.assign_pages(slot, 0, list(entry.pages))
-        if entry.slot != slot:  # else a parked entry taken over, or one evicted for this slot: the state is there
-            self.copy_state(entry.slot, slot)
-        return slot, len(entry.tokens)
-
-    def checkpoint(self, prompt_len: int, cached: int) -> int:
-        return self.allocator.checkpoint(prompt_len, cached)
+        else:
+            self.assign_pages(slot, 0, list(entry.pages))
+            if entry.slot != slot:  # else a parked entry taken over, or one evicted for this slot: the state is there
+                self.copy_state(entry.slot, slot)
+        return admission
 
     def cache_prefix(self, slot: int, tokens: Sequence[int]) -> bool:
         """Cache the first len(tokens) tokens of running `slot` (whole pages; call once a step that

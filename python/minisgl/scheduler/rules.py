@@ -7,6 +7,7 @@ from typing import Callable, Iterable, Protocol
 
 import torch
 
+from minisgl.kvcache.allocator import Admission
 from minisgl.prefill_budget import step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
@@ -111,19 +112,15 @@ class SlotPool(Protocol):
 
     def can_allocate(self, reserve_tokens: int) -> bool: ...
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> tuple[int, int]: ...
-
-    def checkpoint(self, prompt_len: int, cached: int) -> int: ...
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission: ...
 
 
 def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
     """Give r a slot, starting it after the longest cached prefix of its prompt, and mark where its
     prefill should stop to cache its own. A prompt_logprobs request scores every prompt token, so
     it neither reuses a prefix nor stops early for one."""
-    scores_prompt = r.prompt_logprobs is not None
-    r.slot, r.num_cached = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=not scores_prompt)
-    r.num_computed = r.num_cached
-    r.checkpoint = 0 if scores_prompt else pool.checkpoint(len(r.prompt_ids), r.num_cached)
+    a = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=r.prompt_logprobs is None)
+    r.slot, r.num_cached, r.num_computed, r.checkpoint = a.slot, a.cached, a.cached, a.checkpoint
 
 
 def reserve_tokens(r: Request, max_seq_len: int) -> int:
