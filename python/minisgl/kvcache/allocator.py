@@ -5,11 +5,12 @@ grown as it decodes within a page budget reserved at admission, so it never runs
 The colocated HybridPool uses it next to its tensors; the AFD coordinator uses it alone, for each
 attention worker's lane, and ships the resulting page assignments in the step plans.
 
-With the prefix cache, idle slots and pages keep the prompt prefixes of earlier requests (an
-entry: the pages of a whole number of pages' tokens and a slot with the recurrent state after
-them). A new request whose prompt starts with an entry borrows its pages and a copy of its state.
-Entries are evicted, least recently used first, when a slot or a page is wanted: pages held by
-entries alone count as available, so admission never waits on the cache.
+With the prefix cache, idle slots and pages keep what earlier requests fed (prefix_index.py): a
+shared prefix (whole pages, and a slot with the recurrent state after them), whose pages a new
+request that starts with it borrows, with a copy of its state; or a finished request's parked
+sequence, whose slot and pages the one request that continues it takes over. Entries are
+evicted, least recently used first, when a slot or a page is wanted: pages held by entries alone
+count as available, so admission never waits on the cache.
 """
 from __future__ import annotations
 
