@@ -55,7 +55,8 @@ def test_stats_line_and_request_log(ops_server: Server) -> None:
     receive = re.search(rf"Receive: id={re.escape(rid)}, rids=\[.*\], prompt_tokens=\[(\d+)\], params=(.*)", log)
     assert receive is not None and int(receive.group(1)) > 0
     assert "'max_tokens': 8" in receive.group(2) and "'seed': 3" in receive.group(2)
-    finish = re.search(r"Finish: rid=.*finish_reason=length, prompt_tokens=\d+, completion_tokens=(\d+)", log)
+    finish = re.search(r"Finish: rid=.*finish_reason=length, prompt_tokens=\d+, completion_tokens=(\d+), "
+                       r"cached_tokens=\d+", log)
     assert finish is not None and finish.group(1) == "8"
 
 

@@ -45,9 +45,10 @@ class RequestLog:
         if o.finished:
             seconds = time.perf_counter() - self._started.pop(o.rid)
             text = "".join(self._text.pop(o.rid))
-            logger.info("Finish: rid=%s, finish_reason=%s, prompt_tokens=%d, completion_tokens=%d, e2e_latency=%.3f s,"
-                        " text=%r%s", o.rid, o.finish_reason, o.num_prompt_tokens, o.num_output_tokens, seconds,
-                        text[:TEXT_PREVIEW], "..." if len(text) > TEXT_PREVIEW else "")
+            logger.info("Finish: rid=%s, finish_reason=%s, prompt_tokens=%d, completion_tokens=%d, cached_tokens=%d, "
+                        "e2e_latency=%.3f s, text=%r%s", o.rid, o.finish_reason, o.num_prompt_tokens,
+                        o.num_output_tokens, o.num_cached_tokens, seconds, text[:TEXT_PREVIEW],
+                        "..." if len(text) > TEXT_PREVIEW else "")
 
     def forget(self, rids: tuple[str, ...]) -> None:
         """Choices that ended without a finish output (client gone, engine dead)."""
