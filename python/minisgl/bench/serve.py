@@ -1,16 +1,22 @@
 """`python -m minisgl.bench serve`: a dataset's prompts against an OpenAI-compatible /v1/completions
 (minisgl, SGLang or vLLM), streamed, at a request rate (Poisson arrivals) and/or a concurrency cap.
-Token counts come from the server's usage; timings from the arrival of streamed chunks."""
+Token counts come from the server's usage; timings from the arrival of streamed chunks.
+
+The streams are read with aiohttp, as SGLang's and vLLM's benchmark clients read them: a streamed
+token costs this process less than half what it cost through httpx (benchmarks/bench_host_path.py,
+400 x 128 tokens at 256 streams on a 2-core CPU: 2.17 against 4.82 CPU seconds). A client that
+falls behind reads two tokens at once and reports a near-zero inter-token gap; the 35B Throughput
+profile's 8.7K tokens/s at 512 streams came close to httpx's limit (its ITL median read 0.1 ms)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+import aiohttp
 import httpx
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
@@ -20,13 +26,9 @@ from minisgl.bench.report import RequestResult, turn_ttfts
 
 REQUEST_TIMEOUT = 600.0  # seconds for one request; a benchmark never waits forever
 # Idle connections are reused for at most this long: below uvicorn's 5 s keep-alive (vLLM's and
-# SGLang's servers), so no request goes out on a connection the server is closing (httpx's own 5 s
+# SGLang's servers), so no request goes out on a connection the server is closing (a client's 5 s
 # made that a race, which failed 1 request in 1,000 of a 512-stream run).
 KEEPALIVE_EXPIRY = 2.0
-# Connections per httpx client: its pool scans every connection it holds on each request event, so
-# one client over 512 streams spent more CPU on that scan than on the responses (cProfile, 1,000
-# streamed requests at 512 concurrent); clients of this many connections each keep it small.
-CONNECTIONS_PER_CLIENT = 32
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class ServeConfig:
     seed: int
 
 
-async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest, want_ids: bool = False) -> RequestResult:
+async def _one(client: aiohttp.ClientSession, cfg: ServeConfig, req: BenchRequest, want_ids: bool = False) -> RequestResult:
     """One streamed completion; `want_ids`: also the output's token ids (vLLM's return_token_ids)."""
     body = {"model": cfg.model, "prompt": list(req.prompt_ids), "max_tokens": req.output_len, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos,
@@ -49,11 +51,12 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest, w
     output_len = cached = 0
     output_ids: list[int] = []
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as r:
-            if r.status_code != 200:
-                return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), (await r.aread()).decode()[:500])
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+        async with client.post(cfg.base_url + "/v1/completions", json=body) as r:
+            if r.status != 200:
+                return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), (await r.text())[:500])
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
@@ -65,7 +68,7 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest, w
                     output_ids.extend(chunk["choices"][0].get("token_ids") or ())
                     if chunk["choices"][0].get("text"):
                         stamps.append(time.perf_counter())
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
         return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), f"{type(e).__name__}: {e}")
     latency = time.perf_counter() - start
     if not stamps:
@@ -75,13 +78,13 @@ async def _one(client: httpx.AsyncClient, cfg: ServeConfig, req: BenchRequest, w
                          output_ids=tuple(output_ids))
 
 
-Work = Callable[[httpx.AsyncClient, BenchRequest], Awaitable[list[RequestResult]]]
+Work = Callable[[aiohttp.ClientSession, BenchRequest], Awaitable[list[RequestResult]]]
 
 
 async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True) -> tuple[list[RequestResult], float]:
     """(per-request results in order, wall-clock duration)."""
 
-    async def one(client: httpx.AsyncClient, req: BenchRequest) -> list[RequestResult]:
+    async def one(client: aiohttp.ClientSession, req: BenchRequest) -> list[RequestResult]:
         return [await _one(client, cfg, req)]
 
     return await _drive(cfg, reqs, one, progress)
@@ -96,7 +99,7 @@ async def run_conversations(cfg: ServeConfig, firsts: list[BenchRequest], turns:
     rng = random.Random(cfg.seed)
     by_first: dict[int, list[RequestResult]] = {}
 
-    async def talk(client: httpx.AsyncClient, req: BenchRequest) -> list[RequestResult]:
+    async def talk(client: aiohttp.ClientSession, req: BenchRequest) -> list[RequestResult]:
         results = []
         for turn in range(turns):
             res = await _one(client, cfg, req, want_ids=True)
@@ -131,26 +134,14 @@ async def _drive(cfg: ServeConfig, reqs: list[BenchRequest], work: Work, progres
     order; wall-clock duration); `by_item` also gets each item's results."""
     rng = random.Random(cfg.seed)
     limit = cfg.max_concurrency or len(reqs)
-    # A request holds one slot while it runs (at most `limit` at once, first come first served);
-    # slot i belongs to client i // CONNECTIONS_PER_CLIENT, whose pool is sized for its slots.
-    slots: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(limit):
-        slots.put_nowait(i)
+    slots = asyncio.Semaphore(limit)  # an item holds one while it runs, first come first served
     bar = tqdm(total=len(reqs), disable=not progress, desc="requests")
-    async with contextlib.AsyncExitStack() as stack:
-        clients = []
-        for first in range(0, limit, CONNECTIONS_PER_CLIENT):
-            n = min(CONNECTIONS_PER_CLIENT, limit - first)
-            limits = httpx.Limits(max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_EXPIRY)
-            clients.append(await stack.enter_async_context(
-                httpx.AsyncClient(base_url=cfg.base_url, timeout=REQUEST_TIMEOUT, limits=limits)))
+    connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_EXPIRY)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as client:
 
         async def guarded(i: int, req: BenchRequest) -> list[RequestResult]:
-            slot = await slots.get()
-            try:
-                res = await work(clients[slot // CONNECTIONS_PER_CLIENT], req)
-            finally:
-                slots.put_nowait(slot)
+            async with slots:
+                res = await work(client, req)
             bar.update(1)
             if by_item is not None:
                 by_item[i] = res
