@@ -8,12 +8,16 @@ from dataclasses import field, fields
 from typing import Any
 
 
-def arg(default: Any, help: str, choices: Sequence[str] | None = None, aliases: Sequence[str] = ()) -> Any:
+def arg(default: Any, help: str, choices: Sequence[str] | None = None, aliases: Sequence[str] = (),
+        negations: Sequence[str] = ()) -> Any:
     """A field with a default; `help` says what it does (argparse adds the default), `choices`
-    lists the accepted values, `aliases` are extra flag spellings (e.g. vLLM's name)."""
+    lists the accepted values, `aliases` are extra flag spellings (e.g. vLLM's name); for a bool,
+    `negations` are flags that set it False (SGLang's --disable-radix-cache for vLLM's
+    --enable-prefix-caching)."""
     if not help.strip():
         raise ValueError("every flag needs a description")
-    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "aliases": tuple(aliases)}
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None, "aliases": tuple(aliases),
+            "negations": tuple(negations)}
     return field(default=default, metadata=meta)
 
 

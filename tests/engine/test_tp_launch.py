@@ -61,7 +61,7 @@ def test_tp2_followers_copy_the_cached_states(tiny_checkpoints) -> None:
     first = torch.randint(0, 512, (70,), generator=g).tolist()
     second = first[:60] + torch.randint(0, 512, (30,), generator=g).tolist()
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
-    plain = LLM(path, disable_radix_cache=True, **ENGINE)
+    plain = LLM(path, enable_prefix_caching=False, **ENGINE)
     want = plain.generate([second], params)[0]
     third = second + list(want.token_ids[:3]) + [7, 8]  # continues what `second` fed: takes its slot over
     want_third = plain.generate([third], params)[0]

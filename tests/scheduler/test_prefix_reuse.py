@@ -17,7 +17,7 @@ PAGE = 16
 @pytest.fixture(scope="module")
 def pair(tiny_checkpoints) -> tuple[LLM, LLM]:
     kw = dict(dtype="float32", device="cpu", page_size=PAGE, context_length=256)
-    return LLM(tiny_checkpoints["bf16"], **kw), LLM(tiny_checkpoints["bf16"], disable_radix_cache=True, **kw)
+    return LLM(tiny_checkpoints["bf16"], **kw), LLM(tiny_checkpoints["bf16"], enable_prefix_caching=False, **kw)
 
 
 def _ids(n: int, seed: int) -> list[int]:
@@ -90,7 +90,7 @@ def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints) -> None:
     opened: the next turn's prompt still starts with all but the last few tokens of the last one."""
     llm = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512)
     plain = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512,
-                disable_radix_cache=True)
+                enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=12)
     talk = [{"role": "system", "content": "You are a terse assistant. " * 4},
             {"role": "user", "content": "Name three colours of the rainbow, please."}]

@@ -82,6 +82,12 @@ def test_dtype_aliases(alias: str, name: str) -> None:
     assert EngineArgs(dtype=alias).dtype == name
 
 
+@pytest.mark.parametrize("flags, on", [([], True), (["--enable-prefix-caching"], True),
+                                       (["--no-enable-prefix-caching"], False), (["--disable-radix-cache"], False)])
+def test_prefix_cache_flags_as_vllm_and_sglang(flags: list[str], on: bool) -> None:
+    assert engine_args_from(build_parser().parse_args(["serve", *flags])).enable_prefix_caching is on
+
+
 def test_unknown_dtype_lists_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--dtype", "fp64"])

@@ -63,11 +63,11 @@ class EngineArgs:
     seed: int = arg(0, "seed of sampling (requests without their own seed) and of dummy weights")
     disable_cuda_graph: bool = arg(False, "no CUDA graphs: decode and prefill steps run eagerly "
                                           "(--piecewise-cuda-graph-max-tokens must then be unset or 0)")
-    disable_radix_cache: bool = arg(
-        False, "no prefix cache. With it (colocated engines; AFD lanes run without), idle state slots and K/V pages "
-               "keep earlier prompts' prefixes, and a prompt that starts with one reuses its K/V and recurrent "
-               "state; a prompt's prefill stops once at a page boundary shortly before its end to cache what "
-               "precedes it", aliases=("--no-enable-prefix-caching",))
+    enable_prefix_caching: bool = arg(
+        True, "the prefix cache (colocated engines; AFD lanes run without): idle state slots and K/V pages keep "
+              "what earlier requests fed, and a prompt that starts with it reuses its K/V and recurrent state; a "
+              "prompt's prefill stops once at a page boundary shortly before its end to cache what precedes it",
+        negations=("--disable-radix-cache",))
     cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
                                               "--max-running-requests)")
     piecewise_cuda_graph_max_tokens: int | None = arg(

@@ -148,7 +148,7 @@ def _resolve(args: EngineArgs, config: ModelConfig) -> EnginePlan:
         num_pages=args.num_pages,
         ssm_dtype=args.mamba_ssm_dtype or config.mamba_ssm_dtype,
         kv_dtype=KV_CACHE_DTYPES[args.kv_cache_dtype],
-        prefix_cache=not args.disable_radix_cache,
+        prefix_cache=args.enable_prefix_caching,
     )
     return EnginePlan(
         args=replace(args, device=str(device)),

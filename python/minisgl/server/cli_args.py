@@ -29,6 +29,9 @@ def add_dataclass_args(
         if base is bool:  # --flag / --no-flag: type=bool would read "false" as True; argparse adds the default
             parser.add_argument(*flags, dest=dest, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=help_text)
+            if f.metadata["negations"]:
+                parser.add_argument(*f.metadata["negations"], dest=dest, action="store_false",
+                                    help=f"the same as --no-{flags[0][2:]}")
             continue
         if f.default is not None:
             help_text += " (default: %(default)s)"
