@@ -90,6 +90,9 @@ class _Pool:
     def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission:
         return Admission(0)  # no prefix cache: the profiles' prompts share nothing
 
+    def awaits_prefix(self, prompt: list[int]) -> bool:
+        return False
+
 
 def replay(profile: Profile, rule: Rule, chunk: int = CHUNK) -> dict[str, float]:
     """The profile served under `rule` with --chunked-prefill-size `chunk`: duration and ITL figures,

@@ -56,6 +56,9 @@ class _Pool:
         self.next_slot += 1
         return Admission(self.next_slot)
 
+    def awaits_prefix(self, prompt: list[int]) -> bool:
+        return False
+
 
 def _decoding(i: int) -> Request:
     r = Request(f"d{i}", [5, 6, 7], PARAMS)

@@ -139,3 +139,31 @@ def test_a_prompt_that_continues_a_finished_one_takes_it_over(pair: tuple[LLM, L
     _assert_same(got, want)
     again = cached.generate([nxt], params)[0]  # taken over: only a shared prefix is left for it
     assert again.num_cached_tokens % PAGE == 0 and again.num_cached_tokens < fed
+
+
+def test_samples_of_one_prompt_wait_for_its_prefix(pair: tuple[LLM, LLM]) -> None:
+    """n samples of a prompt arrive together: the first computes the prompt, the others wait the
+    step or two until its prefix is cached and reuse it, with the same outputs as without."""
+    cached, plain = pair
+    prompt = _ids(70, 40)
+    at = (len(prompt) - CHECKPOINT_TAIL) // PAGE * PAGE
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    sched = Scheduler(cached.engine)
+    for i in range(4):
+        sched.add_request(GenerateRequest(f"s{i}", tuple(prompt), params))
+    outs: dict[str, list] = {f"s{i}": [] for i in range(4)}
+    for _ in range(50):
+        if not sched.has_work:
+            break
+        for o in sched.step():
+            outs[o.rid].append(o)
+    sched.check_integrity()
+    assert [outs[f"s{i}"][-1].num_cached_tokens for i in range(4)] == [0, at, at, at]
+    want = plain.generate([prompt], params)[0]
+    for i in range(4):
+        assert tuple(t for o in outs[f"s{i}"] for t in o.new_token_ids) == want.token_ids
+    plain_sched = Scheduler(plain.engine)  # without the cache nobody waits: all four start at once
+    for i in range(4):
+        plain_sched.add_request(GenerateRequest(f"p{i}", tuple(prompt), params))
+    plain_sched.step()
+    assert len(plain_sched.running) == 4

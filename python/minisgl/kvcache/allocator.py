@@ -14,6 +14,7 @@ count as available, so admission never waits on the cache.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -60,6 +61,7 @@ class PoolAllocator:
         self._entry_refs: dict[int, int] = {}  # page -> cache entries holding it
         self._cache_only = 0  # pages held by entries alone: freed by evicting them
         self.cache: PrefixIndex | None = PrefixIndex(page_size) if prefix_cache else None
+        self._expects: dict[int, tuple[int, int]] = {}  # running slot -> the prefix it will cache (index key)
 
     @property
     def free_slots(self) -> int:
@@ -134,7 +136,19 @@ class PoolAllocator:
         # that continues it: stopping its prefill for a shared prefix would only cost a step.
         continues = entry is not None and entry.parked
         at = self._checkpoint(len(prompt), cached) if reuse and not continues else 0
+        if at:
+            self._expects[slot] = self.cache.expect(prompt[:at])
         return Admission(slot, cached, at), entry
+
+    def awaits_prefix(self, prompt: Sequence[int]) -> bool:
+        """Whether a running request is about to cache a prefix of `prompt`: admitting it a step or
+        two later reuses that prefix (the samples of an n > 1 request, the same prompt sent again)
+        instead of computing it once more."""
+        return self.cache is not None and self.cache.awaited(prompt)
+
+    def _settle(self, slot: int) -> None:
+        if (key := self._expects.pop(slot, None)) is not None:
+            self.cache.settle(key)
 
     def _checkpoint(self, prompt_len: int, cached: int) -> int:
         """Where a new request's prefill should stop once so its prefix can be cached (0: nowhere):
@@ -149,6 +163,7 @@ class PoolAllocator:
         """Keep the first len(tokens) tokens (whole pages) of running `slot` as an entry: its pages
         are shared, its state goes to a slot of the entry's own (the caller copies it). None where
         no slot is to be had or the prefix is cached already."""
+        self._settle(slot)
         if self.cache is None or not (self._free_slots or self.cached_prefixes):
             return None
         pages = tuple(self._pages[slot][: len(tokens) // self.page_size])
@@ -198,6 +213,7 @@ class PoolAllocator:
 
     def _release_running(self, slot: int) -> None:
         """The slot no longer runs a request: its reservation ends and its pages lose its hold."""
+        self._settle(slot)
         pages = self._pages.pop(slot)
         borrowed = self._borrowed.pop(slot)
         self._untaken -= self._reserved.pop(slot) - (len(pages) - borrowed)
@@ -287,6 +303,9 @@ class PoolAllocator:
             untaken += self._reserved[s] - own
         if untaken != self._untaken:
             raise AssertionError(f"reserved pages miscounted: {self._untaken} != {untaken}")
+        expected = self.cache._expected if self.cache is not None else {}
+        if not set(self._expects) <= set(self._pages) or Counter(self._expects.values()) != Counter(expected):
+            raise AssertionError("the prefixes running requests will cache are miscounted")
         slots = list(self._pages) + [e.slot for e in entries] + self._free_slots
         if len(slots) != self.max_running or set(slots) != set(range(1, self.max_running + 1)):
             raise AssertionError(

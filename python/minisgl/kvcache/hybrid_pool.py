@@ -218,6 +218,9 @@ class HybridPool:
         self.clear_slot(slot)  # its table row is a running slot's; the taker's pages are assigned anew
         return True
 
+    def awaits_prefix(self, prompt: Sequence[int]) -> bool:
+        return self.allocator.awaits_prefix(prompt)
+
     def flush_cache(self) -> int:
         return self.allocator.flush_cache()
 

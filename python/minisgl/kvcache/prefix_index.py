@@ -41,6 +41,7 @@ class PrefixIndex:
         self._buckets: dict[tuple[int, int], list[PrefixEntry]] = {}
         self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
         self._clock = itertools.count()
+        self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
 
     def __len__(self) -> int:
         return len(self._used)
@@ -81,6 +82,26 @@ class PrefixIndex:
         bucket.sort(key=lambda e: -len(e.tokens))
         self._used[entry] = next(self._clock)
         return True
+
+    def expect(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """A running request will cache `tokens` (a shared prefix) once its prefill gets there; the
+        key to settle() when it has or never will."""
+        key = self._key(tokens)
+        self._expected[key] = self._expected.get(key, 0) + 1
+        return key
+
+    def settle(self, key: tuple[int, int]) -> None:
+        if (left := self._expected[key] - 1) > 0:
+            self._expected[key] = left
+        else:
+            del self._expected[key]
+
+    def awaited(self, prompt: Sequence[int]) -> bool:
+        """Whether a running request is about to cache a prefix of `prompt` (but for hash collisions)."""
+        if not self._expected:
+            return False
+        most = (len(prompt) - 1) // self.page_size
+        return any(key in self._expected for key in enumerate(page_hashes(prompt, self.page_size, most)))
 
     def remove(self, entry: PrefixEntry) -> None:
         key = self._key(entry.tokens)

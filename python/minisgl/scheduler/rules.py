@@ -114,6 +114,8 @@ class SlotPool(Protocol):
 
     def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission: ...
 
+    def awaits_prefix(self, prompt: list[int]) -> bool: ...
+
 
 def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
     """Give r a slot, starting it after the longest cached prefix of its prompt, and mark where its
@@ -144,7 +146,8 @@ def plan_batch(
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
     most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
-    their pages and a slot. The step's prompt tokens are at most prefill_budget, and while requests
+    their pages and a slot and no running request is about to cache a prefix of the next one's
+    prompt (then it waits for that, a step or two, and reuses it). The step's prompt tokens are at most prefill_budget, and while requests
     decode at most what step_prefill_budget allows beside them: one chunk with few requests, which
     bounds the inter-token latency, more when many requests are present or prompts outnumber the
     decodes, so a crowd or a queue of long prompts is prefilled as fast as the GPU can."""
@@ -170,7 +173,8 @@ def plan_batch(
     for r in running:
         if not r.prefill_done and (n := chunk_len(r)) > 0:
             take(r, n)
-    while waiting and chunk_len(waiting[0]) > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len)):
+    while (waiting and chunk_len(waiting[0]) > 0 and pool.can_allocate(reserve_tokens(waiting[0], max_seq_len))
+           and not (waiting[0].prompt_logprobs is None and pool.awaits_prefix(waiting[0].prompt_ids))):
         r = waiting.popleft()
         admit(r, pool, max_seq_len)
         running.append(r)
