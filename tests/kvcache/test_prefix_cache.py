@@ -58,17 +58,24 @@ def test_parked_sequences_match_exactly_and_go_to_one_taker() -> None:
         index.insert(PrefixEntry(tuple(base[:10]), (1, 2, 3), 4))
 
 
-def test_index_evicts_least_recently_used() -> None:
+def test_index_evicts_least_recently_used_parked_first() -> None:
     index = PrefixIndex(PS)
     for slot, first in enumerate((10, 20, 30), start=1):
         index.insert(_entry([first] * 4, slot))
     index.match([10] * 5)  # a hit makes it recent
     assert [index.pop_least_recent().slot for _ in range(3)] == [2, 3, 1]
     assert index.pop_least_recent() is None
+    index.insert(_entry([40] * 4, 4))
+    index.insert(PrefixEntry((50, 51), (9,), 5, parked=True))
+    index.insert(PrefixEntry((60, 61), (8,), 6, parked=True))
+    assert [index.pop_least_recent().slot for _ in range(3)] == [5, 6, 4]  # parked sequences first
 
 
 def _cached(alloc: PoolAllocator, prompt: list[int], reserve: int) -> tuple[int, int]:
-    """Run one request through: admit, take its prompt's pages, cache at its checkpoint, finish."""
+    """Run one request through: admit, take its prompt's pages, cache at its checkpoint, finish. Two
+    prompts that begin alike have arrived, so it stops early to cache its prefix."""
+    alloc.note_prompt(prompt)
+    alloc.note_prompt(prompt)
     a = alloc.admit(prompt, reserve, reuse=True)
     alloc.ensure_tokens(a.slot, len(prompt))
     if a.checkpoint:
@@ -99,6 +106,19 @@ def test_a_request_borrows_a_cached_prefix_and_everything_returns() -> None:
     assert alloc.flush_cache() == 1
     alloc.check_integrity()
     assert alloc.free_pages == 32 and alloc.free_slots == 4
+
+
+def test_only_a_prompt_that_begins_as_another_stops_early() -> None:
+    alloc = PoolAllocator(max_running=4, total_pages=32, page_size=PS, max_seq_len=64, prefix_cache=True)
+    prompt = list(range(30))
+    alloc.note_prompt(prompt)
+    alone = alloc.admit(prompt, 30, reuse=True)
+    assert alone.checkpoint == 0  # nothing suggests it is shared: no early stop, no step lost
+    alloc.note_prompt(prompt[:4] + [99] * 26)  # another prompt with the same first page
+    assert alloc.admit(prompt, 30, reuse=True).checkpoint == (30 - CHECKPOINT_TAIL) // PS * PS
+    alloc.note_prompt([7] * 4)  # a page long: no first page to share (it must leave a token to feed)
+    alloc.note_prompt([7] * 4)
+    assert alloc.admit([7] * 4, 8, reuse=True).checkpoint == 0
 
 
 def test_no_reuse_where_asked_not_to_or_without_the_cache() -> None:
@@ -211,6 +231,7 @@ def test_random_traffic_keeps_the_books() -> None:
             else:
                 prompt = rng.choice(stems)[: rng.randint(6, 40)] + [rng.randrange(50) for _ in range(rng.randint(1, 8))]
             reserve = min(64, len(prompt) + rng.randint(0, 16))
+            alloc.note_prompt(prompt)
             if len(prompt) < 64 and alloc.can_allocate(reserve):
                 admitted, entry = alloc.admit_entry(prompt, reserve, reuse=rng.random() < 0.9)
                 slot, reused = admitted.slot, admitted.cached
@@ -237,6 +258,8 @@ def test_hybrid_pool_copies_the_state_and_lends_the_table_rows() -> None:
     pool = HybridPool(LAYOUT, PoolConfig(max_running_requests=3, max_seq_len=64, page_size=PS, prefix_cache=True),
                       torch.float32, "cpu")
     prompt = list(range(30))
+    pool.note_prompt(prompt)
+    pool.note_prompt(prompt)
     admitted = pool.admit(prompt, 32, reuse=True)
     slot, reused, at = admitted.slot, admitted.cached, admitted.checkpoint
     pool.ensure_tokens(slot, 30)

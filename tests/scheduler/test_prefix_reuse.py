@@ -25,6 +25,14 @@ def _ids(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 500) for _ in range(n)]
 
 
+def _prime(llm: LLM, prompt: list[int]) -> None:
+    """An earlier prompt that began as `prompt` does and then went its own way (say, another user's
+    question after the same system prompt): the cache now takes that beginning for shared, so
+    `prompt` stops early to cache its prefix."""
+    other = prompt[:PAGE] + [2]  # _ids never gives 2
+    llm.generate([other], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+
+
 def _assert_same(a, b) -> None:  # noqa: ANN001 - GenerationResults
     """Same tokens, logprobs within 1e-5 relative: the prefill ran in other pieces, so its sums
     ran in another order."""
@@ -35,11 +43,39 @@ def _assert_same(a, b) -> None:  # noqa: ANN001 - GenerationResults
         assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], rel=1e-5, abs=1e-6)
 
 
+def test_a_prompt_like_no_other_does_not_stop_early(pair: tuple[LLM, LLM]) -> None:
+    """The first prompt of its kind is prefilled in one go (nothing suggests it is shared); the
+    next one that begins alike stops early, and the one after reuses what it cached."""
+    cached, _ = pair
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    base = _ids(70, 50)
+    steps = []
+    forward = cached.engine.forward_batch
+
+    def spy(batch, rows=None):  # noqa: ANN001, ANN202
+        steps.append(batch.extend_lens)
+        return forward(batch, rows)
+
+    cached.engine.forward_batch = spy
+    try:
+        first = cached.generate([base], params)[0]
+        assert first.num_cached_tokens == 0 and steps[0] == (70,)  # the whole prompt in one step
+        steps.clear()
+        second = cached.generate([base[:60] + _ids(20, 51)], params)[0]
+        at = (80 - CHECKPOINT_TAIL) // PAGE * PAGE
+        assert second.num_cached_tokens == 0 and steps[0] == (at,)  # stopped early to cache
+        third = cached.generate([base[:60] + _ids(20, 51)[:-1] + [9, 9]], params)[0]
+        assert third.num_cached_tokens == at
+    finally:
+        cached.engine.forward_batch = forward
+
+
 def test_a_shared_prefix_is_reused_at_fp32_noise(pair: tuple[LLM, LLM]) -> None:
     cached, plain = pair
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)
     first = _ids(70, 1)
     at = (len(first) - CHECKPOINT_TAIL) // PAGE * PAGE
+    _prime(cached, first)
     a, a_plain = cached.generate([first], params)[0], plain.generate([first], params)[0]
     assert a.num_cached_tokens == 0 and a_plain.num_cached_tokens == 0
     _assert_same(a, a_plain)  # stopping at the checkpoint changes nothing beyond noise
@@ -74,6 +110,7 @@ def test_a_batch_of_prompts_sharing_a_stem(pair: tuple[LLM, LLM]) -> None:
     cached, plain = pair
     stem = _ids(40, 5)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2)
+    _prime(cached, stem)
     cached.generate([stem + _ids(10, 6)], params)
     prompts = [stem + _ids(5 + i, 7 + i) for i in range(4)]
     got, want = cached.generate(prompts, params), plain.generate(prompts, params)
@@ -92,8 +129,9 @@ def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints) -> None:
     plain = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512,
                 enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=12)
-    talk = [{"role": "system", "content": "You are a terse assistant. " * 4},
-            {"role": "user", "content": "Name three colours of the rainbow, please."}]
+    system = {"role": "system", "content": "You are a terse assistant. " * 4}
+    llm.chat([system, {"role": "user", "content": "Hello?"}], params, use_tqdm=False)  # another user, same system prompt
+    talk = [system, {"role": "user", "content": "Name three colours of the rainbow, please."}]
     first = llm.chat(talk, params, use_tqdm=False)[0]
     talk += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And two more?"}]
     second, want = llm.chat(talk, params, use_tqdm=False)[0], plain.chat(talk, params, use_tqdm=False)[0]

@@ -133,12 +133,20 @@ class PoolAllocator:
         self._untaken += need - len(lent)
         cached = len(entry.tokens) if entry is not None else 0
         # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
-        # that continues it: stopping its prefill for a shared prefix would only cost a step.
+        # that continues it: stopping its prefill for a shared prefix would only cost a step. Nor
+        # does a prompt whose first page no other recent prompt had: nothing suggests it is shared.
         continues = entry is not None and entry.parked
-        at = self._checkpoint(len(prompt), cached) if reuse and not continues else 0
+        shared = reuse and self.cache is not None and (cached > 0 or self.cache.head_shared(prompt))
+        at = self._checkpoint(len(prompt), cached) if shared and not continues else 0
         if at:
             self._expects[slot] = self.cache.expect(prompt[:at])
         return Admission(slot, cached, at), entry
+
+    def note_prompt(self, prompt: Sequence[int]) -> None:
+        """A request with this prompt arrived (queued): whether prompts share their beginnings decides
+        which ones stop their prefill early to cache a prefix (admit)."""
+        if self.cache is not None:
+            self.cache.note(prompt)
 
     def awaits_prefix(self, prompt: Sequence[int]) -> bool:
         """Whether a running request is about to cache a prefix of `prompt`: admitting it a step or

@@ -218,6 +218,9 @@ class HybridPool:
         self.clear_slot(slot)  # its table row is a running slot's; the taker's pages are assigned anew
         return True
 
+    def note_prompt(self, prompt: Sequence[int]) -> None:
+        self.allocator.note_prompt(prompt)
+
     def awaits_prefix(self, prompt: Sequence[int]) -> bool:
         return self.allocator.awaits_prefix(prompt)
 

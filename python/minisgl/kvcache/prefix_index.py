@@ -11,8 +11,13 @@ the longest entry it starts with. Two kinds:
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
+
+
+# First pages of prompts remembered (note): a few minutes of a busy server's arrivals.
+RECENT_HEADS = 4096
 
 
 @dataclass(frozen=True, eq=False)  # identity: two entries are never one
@@ -42,6 +47,7 @@ class PrefixIndex:
         self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
         self._clock = itertools.count()
         self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
+        self._heads: OrderedDict[int, int] = OrderedDict()  # a recent prompts' first page -> how many, newest last
 
     def __len__(self) -> int:
         return len(self._used)
@@ -83,6 +89,20 @@ class PrefixIndex:
         self._used[entry] = next(self._clock)
         return True
 
+    def note(self, prompt: Sequence[int]) -> None:
+        """Remember that `prompt` arrived (its first page, among the last RECENT_HEADS first pages)."""
+        if len(prompt) > self.page_size:
+            head = hash(tuple(prompt[: self.page_size]))
+            self._heads[head] = self._heads.get(head, 0) + 1
+            self._heads.move_to_end(head)
+            if len(self._heads) > RECENT_HEADS:
+                self._heads.popitem(last=False)
+
+    def head_shared(self, prompt: Sequence[int]) -> bool:
+        """Whether another recent prompt began with the same page as `prompt` (noted): one that shares
+        nothing with them (a random benchmark's) would pay a prefill step to cache what no one reuses."""
+        return len(prompt) > self.page_size and self._heads.get(hash(tuple(prompt[: self.page_size])), 0) > 1
+
     def expect(self, tokens: Sequence[int]) -> tuple[int, int]:
         """A running request will cache `tokens` (a shared prefix) once its prefill gets there; the
         key to settle() when it has or never will."""
@@ -111,8 +131,12 @@ class PrefixIndex:
         del self._used[entry]
 
     def pop_least_recent(self) -> PrefixEntry | None:
+        """The entry to evict: the least recently used parked sequence, else the least recently used
+        shared prefix. A parked sequence serves one continuation, a shared prefix every prompt that
+        starts with it (as a radix tree evicts its leaves before the prefixes they extend)."""
         if not self._used:
             return None
-        entry = min(self._used, key=self._used.__getitem__)
+        parked = [e for e in self._used if e.parked]
+        entry = min(parked or self._used, key=self._used.__getitem__)
         self.remove(entry)
         return entry

@@ -104,6 +104,8 @@ class Scheduler:
         r = new_request(req, self.make_decoder, request_generator(req.params, self._default_generator))
         self._reqs[r.rid] = r
         self.waiting.append(r)
+        if r.prompt_logprobs is None:
+            self.pool.note_prompt(r.prompt_ids)
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)
