@@ -111,7 +111,7 @@ async def run_conversations(cfg: ServeConfig, firsts: list[BenchRequest], turns:
             req = BenchRequest(req.prompt_ids + res.output_ids + tuple(rng.choices(vocab, k=tool_len)), req.output_len)
         return results
 
-    flat, duration = await _drive(cfg, firsts, talk, progress, by_first)
+    _, duration = await _drive(cfg, firsts, talk, progress, by_first)
     return [by_first[i] for i in range(len(firsts))], duration
 
 

@@ -52,7 +52,7 @@ class PoolConfig:
     num_pages: int | None = None  # usable pages; None = enough for every slot at max_seq_len
     ssm_dtype: str = "float32"
     kv_dtype: str | None = None  # torch's name; None: the activations' dtype
-    prefix_cache: bool = False  # idle slots and pages keep earlier prompts' prefixes (allocator.py)
+    prefix_cache: bool = False  # idle slots and pages keep what earlier requests fed (allocator.py)
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:

@@ -7,6 +7,10 @@ the longest entry it starts with. Two kinds:
 - a prefix: whole pages, shared by every prompt that starts with it (each gets a copy of its state);
 - a parked sequence: all a finished request fed (its last page may be partial), taken over whole
   by the one prompt that continues it (the next call of an agent), which writes on into that page.
+
+It also remembers the first pages of recent prompts (a prompt whose beginning no other shares is
+not worth a step to cache a prefix of) and the prefixes running requests are about to cache
+(prompts that start with one wait for it).
 """
 from __future__ import annotations
 
@@ -36,6 +40,12 @@ def page_hashes(tokens: Sequence[int], page_size: int, pages: int) -> Iterator[i
     for k in range(pages):
         h = hash((h, tuple(tokens[k * page_size : (k + 1) * page_size])))
         yield h
+
+
+def _head(prompt: Sequence[int], page_size: int) -> int | None:
+    """A prompt's first page, hashed; None for a prompt of a page or less (it shares no whole page
+    and still has a token to feed)."""
+    return hash(tuple(prompt[:page_size])) if len(prompt) > page_size else None
 
 
 class PrefixIndex:
@@ -91,8 +101,7 @@ class PrefixIndex:
 
     def note(self, prompt: Sequence[int]) -> None:
         """Remember that `prompt` arrived (its first page, among the last RECENT_HEADS first pages)."""
-        if len(prompt) > self.page_size:
-            head = hash(tuple(prompt[: self.page_size]))
+        if (head := _head(prompt, self.page_size)) is not None:
             self._heads[head] = self._heads.get(head, 0) + 1
             self._heads.move_to_end(head)
             if len(self._heads) > RECENT_HEADS:
@@ -101,7 +110,7 @@ class PrefixIndex:
     def head_shared(self, prompt: Sequence[int]) -> bool:
         """Whether another recent prompt began with the same page as `prompt` (noted): one that shares
         nothing with them (a random benchmark's) would pay a prefill step to cache what no one reuses."""
-        return len(prompt) > self.page_size and self._heads.get(hash(tuple(prompt[: self.page_size])), 0) > 1
+        return self._heads.get(_head(prompt, self.page_size), 0) > 1
 
     def expect(self, tokens: Sequence[int]) -> tuple[int, int]:
         """A running request will cache `tokens` (a shared prefix) once its prefill gets there; the

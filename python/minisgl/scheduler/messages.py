@@ -84,5 +84,5 @@ class SchedulerStats:
     total_slots: int
     integrity_checks: int  # how many times check_integrity has run and passed (the driver runs it when idle)
     compiles: int = 0  # Triton compiles and autotuning runs in the engine process since it started
-    cached_prefixes: int = 0  # prompt prefixes the prefix cache keeps
+    cached_prefixes: int = 0  # entries the prefix cache keeps (shared prefixes and parked sequences)
     cached_pages: int = 0  # pages only the prefix cache holds (free for the taking; not in used_pages)

@@ -147,10 +147,11 @@ def plan_batch(
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
     most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
     their pages and a slot and no running request is about to cache a prefix of the next one's
-    prompt (then it waits for that, a step or two, and reuses it). The step's prompt tokens are at most prefill_budget, and while requests
-    decode at most what step_prefill_budget allows beside them: one chunk with few requests, which
-    bounds the inter-token latency, more when many requests are present or prompts outnumber the
-    decodes, so a crowd or a queue of long prompts is prefilled as fast as the GPU can."""
+    prompt (then it waits for that, a step or two, and reuses it). The step's prompt tokens are at
+    most prefill_budget, and while requests decode at most what step_prefill_budget allows beside
+    them: one chunk with few requests, which bounds the inter-token latency, more when many requests
+    are present or prompts outnumber the decodes, so a crowd or a queue of long prompts is prefilled
+    as fast as the GPU can."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
     prefilling = len(waiting) + sum(not r.prefill_done for r in running)
     budget = step_prefill_budget(len(items), prefilling, len(running) + len(waiting), chunk_size, per_request,
