@@ -86,9 +86,13 @@ MATRICES = {
     # `-- --disable-radix-cache`).
     "smoke-shared-prefix": Matrix(None, False, ("--device", "cpu", "--context-length", "1024"), (
         Row("first request after ready", 16, 8, 1, 1),
-        Row("Shared prefix 8x8 512+32/8 c=4", 544, 8, 64, 4, groups=8, shared_len=512),
-        Row("Random 544/8 c=4", 544, 8, 64, 4),
+        # Questions longer than a page, as in SGLang's defaults (2048 + 128 at 64-token pages).
+        Row("Shared prefix 8x8 512+96/8 c=4", 608, 8, 64, 4, groups=8, shared_len=512),
+        Row("Random 608/8 c=4", 608, 8, 64, 4),
         Row("Agent 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64),
+        # A chat service's one system prompt at more streams than slots (run with
+        # `-- --max-running-requests 4`): every running slot is busy, so only the cache's keep it.
+        Row("One system prompt 1x32 512+96/8 c=8", 608, 8, 32, 8, groups=1, shared_len=512),
     )),
 }
 

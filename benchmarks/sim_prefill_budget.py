@@ -87,7 +87,7 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission:
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool, chat_turn: bool = False) -> Admission:
         return Admission(0)  # no prefix cache: the profiles' prompts share nothing
 
     def awaits_prefix(self, prompt: list[int]) -> bool:

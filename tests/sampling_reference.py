@@ -176,7 +176,7 @@ def check_greedy_loop(
         steps.append((list(zip(batch.slots.tolist(), fed)), out.float().cpu().clone()))
         return out
 
-    def admitting(prompt: list[int], reserve: int, reuse: bool) -> Admission:
+    def admitting(prompt: list[int], reserve: int, reuse: bool, chat_turn: bool = False) -> Admission:
         slots.append(admit(prompt, reserve, reuse=False).slot)
         return Admission(slots[-1])  # no reuse: each request's steps are the ones checked below
 

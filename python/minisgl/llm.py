@@ -116,6 +116,15 @@ class LLM:
     ) -> list[GenerationResult]:
         """One result per prompt, in order, each with SamplingParams.n samples. Prompts are strings or
         lists of token ids. use_tqdm: a progress bar of finished prompts."""
+        return self._generate(prompts, sampling_params, use_tqdm, chat_turn=False)
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        chat_turn: bool,
+    ) -> list[GenerationResult]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
@@ -136,7 +145,7 @@ class LLM:
         self._next_rid += sum(p.n for p in params)
         for toks, p, prompt_rids in zip(ids, params, rids):
             for j, rid in enumerate(prompt_rids):
-                self.scheduler.add_request(GenerateRequest(rid, tuple(toks), p.for_choice(j)))
+                self.scheduler.add_request(GenerateRequest(rid, tuple(toks), p.for_choice(j), chat_turn))
         outputs: dict[str, list[RequestOutput]] = {rid: [] for prompt_rids in rids for rid in prompt_rids}
         unfinished = {i: len(prompt_rids) for i, prompt_rids in enumerate(rids)}
         prompt_of = {rid: i for i, prompt_rids in enumerate(rids) for rid in prompt_rids}
@@ -169,7 +178,7 @@ class LLM:
         prompts = [self.tokenizer.encode(render_chat(self.tokenizer, [dict(m) for m in c], None,
                                                      chat_template_kwargs), add_special_tokens=False)
                    for c in conversations]  # the template wrote the special tokens
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self._generate(prompts, sampling_params, use_tqdm, chat_turn=True)
 
     def _result(
         self, prompt: list[int], params: SamplingParams, samples: list[list[RequestOutput]]

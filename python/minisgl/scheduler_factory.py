@@ -25,6 +25,6 @@ def build_scheduler(
         # The lanes keep no prefix cache (the workers do not copy states); their plans, re-resolved
         # from the flags on each worker's device, must say so too.
         plan = replace(plan, args=replace(plan.args, enable_prefix_caching=False),
-                       pool=replace(plan.pool, prefix_cache=False))
+                       pool=replace(plan.pool, prefix_cache=False, cache_slots=0))
         return Coordinator(plan, afd, make_decoder, sched_args)
     return Scheduler(Engine(plan, max_prefill_tokens=sched_args.max_prefill_tokens), make_decoder, sched_args)

@@ -66,7 +66,7 @@ def test_tp2_followers_copy_the_cached_states(tiny_checkpoints) -> None:
     third = second + list(want.token_ids[:3]) + [7, 8]  # continues what `second` fed: takes its slot over
     want_third = plain.generate([third], params)[0]
     with LLM(path, tp_size=2, **ENGINE) as llm:
-        llm.generate([first[:16] + [(first[16] + 1) % 512]], params)  # begins as `first`: it will be shared
+        llm.generate([first[:-1] + [(first[-1] + 1) % 512]], params)  # all but the last token as `first`
         llm.generate([first], params)
         got = llm.generate([second], params)[0]
         got_third = llm.generate([third], params)[0]

@@ -28,8 +28,9 @@ def test_pool_is_planned_and_the_final_peak_fits_the_reserve(llm: LLM) -> None:
     prep = llm.engine.preparation
     assert prep is not None, "a GPU engine without --num-pages plans its pool"
     plan, pool = prep.plan, llm.engine.pool
-    assert (pool.max_running, pool.total_pages, llm.engine.max_seq_len) == (
-        plan.max_running_requests, plan.num_pages, 3000)
+    assert (pool.max_running, pool.num_slots, pool.total_pages, llm.engine.max_seq_len) == (
+        plan.max_running_requests, plan.max_running_requests + plan.cache_slots, plan.num_pages, 3000)
+    assert plan.cache_slots >= 1  # the prefix cache is on by default
     reserve = prep.budget.step_reserve + plan.row_reserve_bytes
     assert 0 < prep.final_peak_bytes <= reserve, (prep.final_peak_bytes, reserve)
     assert plan.state_bytes + plan.kv_bytes + plan.row_reserve_bytes <= prep.budget.usable

@@ -42,6 +42,40 @@ def test_index_verifies_tokens_behind_equal_hashes(monkeypatch: pytest.MonkeyPat
     assert index.match([1, 2, 3, 4, 9]).slot == 1 and index.match([5, 6, 7, 8, 9]).slot == 2
 
 
+def test_index_finds_where_recent_prompts_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    import minisgl.kvcache.prefix_index as mod
+
+    index = PrefixIndex(PS)
+    system = [7] * 9  # two whole pages and a token
+    index.note(system + [1] * 6)
+    assert index.shared_pages(system + [1] * 6) == 0  # alone so far
+    index.note(system + [2] * 6)
+    assert index.shared_pages(system + [1] * 6) == index.shared_pages(system + [2] * 6) == 2
+    index.note(system + [1] * 6)  # the same prompt again: all but its last token's page
+    assert index.shared_pages(system + [1] * 6) == 3 and index.shared_pages([5] * 15) == 0
+    monkeypatch.setattr(mod, "RECENT_PAGES", 4)  # older prompts' pages are forgotten
+    for other in ([5] * 15, [5] * 15, [6] * 15, [6] * 15):
+        index.note(other)
+    assert index.shared_pages([6] * 15) == 3 and index.shared_pages(system + [1] * 6) == 0
+
+
+def test_an_unshared_prefix_evicts_no_shared_one() -> None:
+    """A prefix two recent prompts begin with is proven; a prompt's tail (cached for a next turn)
+    is not until a prompt reuses it, and goes first."""
+    index = PrefixIndex(PS)
+    system = [7] * 8
+    index.note(system + [1] * 6)
+    index.note(system + [2] * 6)
+    shared, tail = _entry(system, 1), _entry(system + [1] * 4, 2)
+    assert index.insert(shared) and index.insert(tail)
+    assert index.evictable(proven=False) and index.pop_least_recent(proven=False) is tail
+    assert not index.evictable(proven=False) and index.pop_least_recent(proven=False) is None
+    reused = _entry(system + [2] * 4, 3)
+    index.insert(reused)
+    assert index.match(system + [2] * 5) is reused and not index.evictable(proven=False)
+    assert index.pop_least_recent() is shared and index.pop_least_recent() is reused
+
+
 def test_parked_sequences_match_exactly_and_go_to_one_taker() -> None:
     index = PrefixIndex(PS)
     base = list(range(20))
@@ -72,14 +106,14 @@ def test_index_evicts_least_recently_used_parked_first() -> None:
 
 
 def _cached(alloc: PoolAllocator, prompt: list[int], reserve: int) -> tuple[int, int]:
-    """Run one request through: admit, take its prompt's pages, cache at its checkpoint, finish. Two
-    prompts that begin alike have arrived, so it stops early to cache its prefix."""
+    """Run one request through: admit, take its prompt's pages, cache at its checkpoints. Two prompts
+    like it have arrived, so it stops early to cache its prefix."""
     alloc.note_prompt(prompt)
     alloc.note_prompt(prompt)
     a = alloc.admit(prompt, reserve, reuse=True)
     alloc.ensure_tokens(a.slot, len(prompt))
-    if a.checkpoint:
-        alloc.cache_prefix(a.slot, prompt[: a.checkpoint])
+    for at in a.checkpoints:
+        alloc.cache_prefix(a.slot, prompt[:at])
     alloc.check_integrity()
     return a.slot, a.cached
 
@@ -95,7 +129,7 @@ def test_a_request_borrows_a_cached_prefix_and_everything_returns() -> None:
     assert alloc.evictable_pages == at // PS and alloc.available_pages == 32
     admitted = alloc.admit(prompt[:at] + [1, 2, 3], 20, reuse=True)
     b = admitted.slot
-    assert admitted.cached == at and admitted.checkpoint == 0 and alloc._pages[b] == pages_a  # lent, in order, before any page of its own
+    assert admitted.cached == at and admitted.checkpoints == () and alloc._pages[b] == pages_a  # lent, in order, before any page of its own
     assert alloc.evictable_pages == 0 and alloc.available_pages == 32 - 5  # 20 tokens = 5 pages in all
     alloc.ensure_tokens(b, 20)
     assert alloc._pages[b][: at // PS] == pages_a and len(alloc._pages[b]) == 5
@@ -113,12 +147,14 @@ def test_only_a_prompt_that_begins_as_another_stops_early() -> None:
     prompt = list(range(30))
     alloc.note_prompt(prompt)
     alone = alloc.admit(prompt, 30, reuse=True)
-    assert alone.checkpoint == 0  # nothing suggests it is shared: no early stop, no step lost
+    assert alone.checkpoints == ()  # nothing suggests it is shared: no early stop, no step lost
     alloc.note_prompt(prompt[:4] + [99] * 26)  # another prompt with the same first page
-    assert alloc.admit(prompt, 30, reuse=True).checkpoint == (30 - CHECKPOINT_TAIL) // PS * PS
+    assert alloc.admit(prompt, 30, reuse=True).checkpoints == (4,)  # where the two part
+    tail = (30 - CHECKPOINT_TAIL) // PS * PS  # and, for a chat turn, where its next turn will part
+    assert alloc.admit(prompt, 30, reuse=True, chat_turn=True).checkpoints == (4, tail)
     alloc.note_prompt([7] * 4)  # a page long: no first page to share (it must leave a token to feed)
     alloc.note_prompt([7] * 4)
-    assert alloc.admit([7] * 4, 8, reuse=True).checkpoint == 0
+    assert alloc.admit([7] * 4, 8, reuse=True).checkpoints == ()
 
 
 def test_no_reuse_where_asked_not_to_or_without_the_cache() -> None:
@@ -126,12 +162,12 @@ def test_no_reuse_where_asked_not_to_or_without_the_cache() -> None:
     prompt = list(range(30))
     with_cache.free(_cached(with_cache, prompt, 30)[0])
     plain = with_cache.admit(prompt, 30, reuse=False)
-    assert plain.cached == 0 and plain.checkpoint == 0  # nothing reused, nothing to cache
+    assert plain.cached == 0 and plain.checkpoints == ()  # nothing reused, nothing to cache
     without = PoolAllocator(4, 32, PS, 64)
     slot, reused = _cached(without, prompt, 30)
     assert reused == 0 and without.cached_prefixes == 0
     without.free(slot)
-    assert without.admit(prompt, 30, reuse=True).cached == 0 and without.admit(prompt, 30, True).checkpoint == 0
+    assert without.admit(prompt, 30, reuse=True).cached == 0 and without.admit(prompt, 30, True).checkpoints == ()
 
 
 def test_eviction_gives_pages_and_slots_to_admission() -> None:
@@ -153,6 +189,44 @@ def test_eviction_gives_pages_and_slots_to_admission() -> None:
     assert alloc.cached_prefixes == 0 and alloc.free_pages == 0
     alloc.check_integrity()
     assert not alloc.can_allocate(1)
+
+
+@pytest.mark.parametrize("cache_slots", [0, 1])
+def test_a_shared_prefix_stays_cached_while_every_running_slot_is_busy(cache_slots: int) -> None:
+    """Full load: as many requests run as may. With a slot kept for the cache, the system prompt
+    the users' prompts share outlives them, and neither their admissions nor their own tails (cached
+    for a next turn, which no one has shared) evict it; without, admission evicted it."""
+    alloc = PoolAllocator(max_running=2, total_pages=32, page_size=PS, max_seq_len=64, prefix_cache=True,
+                          cache_slots=cache_slots)
+    system = list(range(100, 124))  # a 24-token system prompt (6 pages), then each user's question
+    prompts = [system + [user] * 20 for user in (1, 2, 3)]
+    tail = (44 - CHECKPOINT_TAIL) // PS * PS
+    for p in prompts:
+        alloc.note_prompt(p)
+    a = alloc.admit(prompts[0], 44, reuse=True, chat_turn=True)
+    assert a.checkpoints == (24, tail)  # where the system prompt ends, and its own tail
+    alloc.ensure_tokens(a.slot, 44)
+    assert alloc.cache_prefix(a.slot, prompts[0][:24]) is not None
+    alloc.cache_prefix(a.slot, prompts[0][:tail])
+    alloc.check_integrity()
+    b = alloc.admit(prompts[1], 44, reuse=True, chat_turn=True)  # the last running slot (without a cache slot: the entry's)
+    assert b.cached == 24
+    alloc.ensure_tokens(b.slot, 44)
+    for at in b.checkpoints:
+        alloc.cache_prefix(b.slot, prompts[1][:at])
+    alloc.check_integrity()
+    assert not alloc.can_allocate(4)  # max_running run, though a cache slot may hold an entry
+    with pytest.raises(PoolExhausted, match="all 2 in use"):
+        alloc.allocate(4)
+    assert [e.tokens for e in alloc.cache.entries()] == [tuple(system)] * cache_slots
+    alloc.free(a.slot)
+    c = alloc.admit(prompts[2], 44, reuse=True, chat_turn=True)
+    assert c.cached == (24 if cache_slots else 0)
+    alloc.free(b.slot)
+    alloc.free(c.slot)
+    alloc.flush_cache()
+    alloc.check_integrity()
+    assert alloc.free_slots == 2 + cache_slots and alloc.free_pages == 32
 
 
 def test_the_matched_entry_may_give_its_own_slot() -> None:
@@ -186,7 +260,7 @@ def test_a_parked_sequence_is_taken_over_whole() -> None:
     admitted, entry = alloc.admit_entry(fed + [7, 7], 30, reuse=True)
     taker = admitted.slot
     assert entry is not None and entry.parked and taker == slot and alloc._pages[taker] == pages[:4]
-    assert admitted == Admission(slot, 14, 0)  # a continuation caches no prefix of its own: it is parked in turn
+    assert admitted == Admission(slot, 14, ())  # a continuation caches no prefix of its own: it is parked in turn
     assert alloc.cached_prefixes == 0 and alloc.evictable_pages == 0
     alloc.ensure_tokens(taker, 30)  # writes on into the partial page, then pages of its own
     alloc.check_integrity()
@@ -199,16 +273,18 @@ def test_a_parked_sequence_is_taken_over_whole() -> None:
     assert alloc.free_pages == 20 and alloc.free_slots == 3
 
 
-def test_random_traffic_keeps_the_books() -> None:
+@pytest.mark.parametrize("cache_slots", [0, 2])
+def test_random_traffic_keeps_the_books(cache_slots: int) -> None:
     """Random admissions (prompts sharing prefixes), growth, caching and frees, checked after every
     change; at the end every page and slot is free once the cache is emptied."""
     rng = random.Random(0)
-    alloc = PoolAllocator(max_running=6, total_pages=60, page_size=PS, max_seq_len=64, prefix_cache=True)
+    alloc = PoolAllocator(max_running=6, total_pages=60, page_size=PS, max_seq_len=64, prefix_cache=True,
+                          cache_slots=cache_slots)
     stems = [[rng.randrange(50) for _ in range(40)] for _ in range(3)]
     live: dict[int, tuple[list[int], int, int]] = {}  # slot -> prompt, reserve, tokens so far
     fed_seqs: list[list[int]] = []  # what parked slots fed
     hits = {None: 0, False: 0, True: 0}  # admissions without a hit, with a shared prefix, taking over
-    checkpoints: dict[int, int] = {}
+    checkpoints: dict[int, list[int]] = {}  # slot -> where it has yet to cache
     for _ in range(1500):
         if live and (rng.random() < 0.4 or not alloc.can_allocate(64)):
             slot = rng.choice(list(live))
@@ -217,8 +293,8 @@ def test_random_traffic_keeps_the_books() -> None:
                 have = rng.randint(have, reserve)
                 alloc.ensure_tokens(slot, have)
                 live[slot] = (prompt, reserve, have)
-                if (at := checkpoints[slot]) and have >= at:
-                    alloc.cache_prefix(slot, prompt[:at])
+                while checkpoints[slot] and have >= checkpoints[slot][0]:
+                    alloc.cache_prefix(slot, prompt[: checkpoints[slot].pop(0)])
             else:
                 if rng.random() < 0.5 and alloc.park(slot, (prompt + [1] * 64)[:have]) is not None:
                     fed_seqs.append((prompt + [1] * 64)[:have])
@@ -233,9 +309,10 @@ def test_random_traffic_keeps_the_books() -> None:
             reserve = min(64, len(prompt) + rng.randint(0, 16))
             alloc.note_prompt(prompt)
             if len(prompt) < 64 and alloc.can_allocate(reserve):
-                admitted, entry = alloc.admit_entry(prompt, reserve, reuse=rng.random() < 0.9)
+                admitted, entry = alloc.admit_entry(prompt, reserve, reuse=rng.random() < 0.9,
+                                                    chat_turn=rng.random() < 0.5)
                 slot, reused = admitted.slot, admitted.cached
-                checkpoints[slot] = admitted.checkpoint
+                checkpoints[slot] = list(admitted.checkpoints)
                 hits[entry.parked if entry is not None else None] += 1
                 assert reused < len(prompt) and (entry is None or list(entry.tokens) == prompt[:reused])
                 alloc.ensure_tokens(slot, max(reused, 1))
@@ -246,7 +323,7 @@ def test_random_traffic_keeps_the_books() -> None:
         alloc.free(slot)
     alloc.flush_cache()
     alloc.check_integrity()
-    assert alloc.free_pages == 60 and alloc.free_slots == 6
+    assert alloc.free_pages == 60 and alloc.free_slots == 6 + cache_slots
     assert min(hits.values()) >= 3, hits
 
 
@@ -261,7 +338,7 @@ def test_hybrid_pool_copies_the_state_and_lends_the_table_rows() -> None:
     pool.note_prompt(prompt)
     pool.note_prompt(prompt)
     admitted = pool.admit(prompt, 32, reuse=True)
-    slot, reused, at = admitted.slot, admitted.cached, admitted.checkpoint
+    slot, reused, (at,) = admitted.slot, admitted.cached, admitted.checkpoints
     pool.ensure_tokens(slot, 30)
     state = torch.randn_like(pool.state.ssm[:, slot]), torch.randn_like(pool.state.conv[:, slot])
     pool.state.ssm[:, slot], pool.state.conv[:, slot] = state

@@ -59,7 +59,7 @@ def _assert_pool_empty(llm: LLM) -> None:
     pool.check_integrity()
     pool.flush_cache()
     pool.check_integrity()
-    assert pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
+    assert pool.free_pages == pool.total_pages and pool.free_slots == pool.num_slots
 
 
 def test_prefill_and_decode_logits_match_hf(setup) -> None:

@@ -30,7 +30,7 @@ def test_unsupported_architecture(tiny_checkpoints, tmp_path) -> None:
 
 def _untouched(llm: LLM) -> None:
     pool = llm.engine.pool
-    assert pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
+    assert pool.free_pages == pool.total_pages and pool.free_slots == pool.num_slots
     assert not llm.scheduler.has_work
 
 

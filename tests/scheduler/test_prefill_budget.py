@@ -52,7 +52,7 @@ class _Pool:
     def can_allocate(self, reserve_tokens: int) -> bool:
         return True
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission:
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool, chat_turn: bool = False) -> Admission:
         self.next_slot += 1
         return Admission(self.next_slot)
 

@@ -26,10 +26,10 @@ def _ids(n: int, seed: int) -> list[int]:
 
 
 def _prime(llm: LLM, prompt: list[int]) -> None:
-    """An earlier prompt that began as `prompt` does and then went its own way (say, another user's
-    question after the same system prompt): the cache now takes that beginning for shared, so
-    `prompt` stops early to cache its prefix."""
-    other = prompt[:PAGE] + [2]  # _ids never gives 2
+    """An earlier prompt that began as `prompt` does and went its own way at its last token: the
+    cache now takes all but that for shared, so `prompt` stops early to cache its prefix (at the
+    last page boundary CHECKPOINT_TAIL tokens before its end, the most a prefix is cached at)."""
+    other = prompt[:-1] + [2]  # _ids never gives 2
     llm.generate([other], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
 
 
@@ -45,7 +45,7 @@ def _assert_same(a, b) -> None:  # noqa: ANN001 - GenerationResults
 
 def test_a_prompt_like_no_other_does_not_stop_early(pair: tuple[LLM, LLM]) -> None:
     """The first prompt of its kind is prefilled in one go (nothing suggests it is shared); the
-    next one that begins alike stops early, and the one after reuses what it cached."""
+    next one that begins alike stops where the two part, and the one after reuses what it cached."""
     cached, _ = pair
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     base = _ids(70, 50)
@@ -62,10 +62,10 @@ def test_a_prompt_like_no_other_does_not_stop_early(pair: tuple[LLM, LLM]) -> No
         assert first.num_cached_tokens == 0 and steps[0] == (70,)  # the whole prompt in one step
         steps.clear()
         second = cached.generate([base[:60] + _ids(20, 51)], params)[0]
-        at = (80 - CHECKPOINT_TAIL) // PAGE * PAGE
-        assert second.num_cached_tokens == 0 and steps[0] == (at,)  # stopped early to cache
+        shared = 60 // PAGE * PAGE
+        assert second.num_cached_tokens == 0 and steps[:2] == [(shared,), (80 - shared,)]  # stopped to cache
         third = cached.generate([base[:60] + _ids(20, 51)[:-1] + [9, 9]], params)[0]
-        assert third.num_cached_tokens == at
+        assert third.num_cached_tokens == shared  # not near the second's end: no chat turn
     finally:
         cached.engine.forward_batch = forward
 
@@ -122,6 +122,21 @@ def test_a_batch_of_prompts_sharing_a_stem(pair: tuple[LLM, LLM]) -> None:
     assert pool.free_pages + pool.evictable_pages == pool.total_pages
 
 
+def test_users_of_one_system_prompt_reuse_it(pair: tuple[LLM, LLM]) -> None:
+    """A system prompt that ends inside a page, then each user's own question, longer than the
+    tail: the second prompt caches where the two part, and every later one reuses that (not a
+    prefix that runs into another user's question), with the outputs of the plain engine."""
+    cached, plain = pair
+    system = _ids(45, 20)  # 2 whole pages of 16, and 13 tokens into a third
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=2)
+    users = [system + _ids(40, 21 + i) for i in range(5)]
+    got = [cached.generate([u], params, use_tqdm=False)[0] for u in users]
+    want = plain.generate(users, params, use_tqdm=False)
+    assert [g.num_cached_tokens for g in got] == [0, 0, 32, 32, 32]
+    for g, w in zip(got, want):
+        _assert_same(g, w)
+
+
 def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints) -> None:
     """Qwen3.5's template renders an earlier turn without the `<think>` its generation prompt
     opened: the next turn's prompt still starts with all but the last few tokens of the last one."""
@@ -149,7 +164,7 @@ def test_reset_prefix_cache_gives_every_page_and_slot_back(pair: tuple[LLM, LLM]
     assert pool.cached_prefixes >= 2
     assert cached.reset_prefix_cache()
     pool.check_integrity()
-    assert pool.cached_prefixes == 0 and pool.free_pages == pool.total_pages and pool.free_slots == pool.max_running
+    assert pool.cached_prefixes == 0 and pool.free_pages == pool.total_pages and pool.free_slots == pool.num_slots
     prompt = _ids(60, 20) + [5]
     assert cached.generate([prompt], params)[0].num_cached_tokens == 0
 

@@ -195,6 +195,21 @@ def test_usage_counts_the_prompt_tokens_the_cache_served(live_server: Server, cl
     assert _cached_total(live_server) - before == cached
 
 
+def test_the_next_chat_turn_reuses_the_last(client: openai.OpenAI, model: str) -> None:
+    """A chat turn is also cached shortly before its end: the next turn re-renders the end of the
+    last one (Qwen3.5's template drops the `<think>` its generation prompt opened), so its prompt
+    parts from the last one a few tokens before that one's end. A raw completion is not."""
+    system = {"role": "system", "content": "You answer in one word. " * 6}
+    client.chat.completions.create(model=model, messages=[system, {"role": "user", "content": "Hi?"}],
+                                   max_tokens=2, temperature=0)  # another user of the system prompt
+    talk = [system, {"role": "user", "content": "Name a colour of the sea, please."}]
+    first = client.chat.completions.create(model=model, messages=talk, max_tokens=4, temperature=0)
+    talk += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And another?"}]
+    second = client.chat.completions.create(model=model, messages=talk, max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens == (first.usage.prompt_tokens - 16) // 16 * 16 > 0
+
+
 def test_flush_cache_drops_what_the_cache_keeps(live_server: Server, client: openai.OpenAI, model: str) -> None:
     prompt = " ".join(f"f{i}" for i in range(40))
     client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0)

@@ -77,6 +77,10 @@ class EngineArgs:
     mem_fraction_static: float | None = arg(
         None, f"GPU: share of the memory left after the weights and the measured activation peak that the pool "
               f"(state slots, KV pages) takes (default {DEFAULT_MEM_FRACTION})", aliases=("--gpu-memory-utilization",))
+    max_mamba_cache_size: int | None = arg(
+        None, "state slots in all, SGLang's flag: the running requests' and those only the prefix cache keeps, "
+              "so that a shared prompt stays cached while every running slot is busy (default: "
+              "--max-running-requests and a sixteenth more, at least one; without the prefix cache, none more)")
     mamba_full_memory_ratio: float = arg(
         DEFAULT_STATE_RATIO, "GPU, without --max-running-requests: GDN state memory to KV memory in the pool, as "
                              "SGLang's flag (0.9: 47 percent of it for state slots; lower it for longer requests, raise "
@@ -88,6 +92,8 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.max_mamba_cache_size is not None and self.max_mamba_cache_size < 1:
+            raise ValueError(f"max_mamba_cache_size must be >= 1, got {self.max_mamba_cache_size}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         check_sizes(self.tp_size, self.ep_size)

@@ -139,7 +139,8 @@ class DevicePreparation:
         return (
             f"memory: weights {self.weights_bytes / g:.1f} GiB, KV {p.kv_bytes / g:.2f} GiB ({p.num_pages} pages"
             f"{f' of {self.pool_config.kv_dtype}' if self.pool_config.kv_dtype else ''}), "
-            f"state {p.state_bytes / g:.2f} GiB ({p.max_running_requests} slots), activation reserve "
+            f"state {p.state_bytes / g:.2f} GiB ({p.max_running_requests} slots + {p.cache_slots} for the prefix cache), "
+            f"activation reserve "
             f"{(self.budget.step_reserve + p.row_reserve_bytes) / g:.2f} GiB (largest step "
             f"{self.budget.step_reserve / g:.2f} GiB + {self.costs.row_bytes / 2**20:.1f} MiB per running request), "
             f"{self.budget.free / g:.1f} GiB free before the pool x {self.budget.fraction}; max concurrency "
@@ -213,7 +214,8 @@ def prepare_on_device(
     budget = MemoryBudget(free, step_peak, args.mem_fraction_static or DEFAULT_MEM_FRACTION)
     costs = PoolCosts.of(layout, flags, plan.dtype, row_bytes)
     pool_plan = plan_pool(costs, budget.usable, plan.config.max_position_embeddings, args.context_length,
-                          args.max_running_requests, args.mamba_full_memory_ratio)
+                          args.max_running_requests, args.mamba_full_memory_ratio, flags.prefix_cache,
+                          args.max_mamba_cache_size)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
                              compile_watch.compile_count() - compiles, max_prefill_tokens, gdn_groups)
 

@@ -178,16 +178,18 @@ class Engine:
                 "piecewise_graph_gib": round(self.piecewise_bytes / 2**30, 3)}
 
     def _log_pool(self) -> None:
-        logger.info("prefix cache %s", "on: idle slots and pages keep what requests fed (--disable-radix-cache turns "
-                    "it off)" if self.pool_cfg.prefix_cache else "off")
+        logger.info("prefix cache %s", f"on: idle slots and pages keep what requests fed, {self.pool_cfg.cache_slots} "
+                    "slots beyond the running requests' only for it (--disable-radix-cache turns it off)"
+                    if self.pool_cfg.prefix_cache else "off")
         if self.preparation is not None:
             logger.info("%s", self.preparation.describe(self.startup_seconds))
             return
         kv_mb = (self.pool.kv.nbytes if self.pool.kv else 0) / 2**20
         state_mb = (self.pool.state.nbytes if self.pool.state else 0) / 2**20
         logger.info(
-            "pool: %d KV pages of %d tokens (%.1f MiB), %d state slots (%.1f MiB); max concurrency %d at %d tokens",
-            self.pool.total_pages, self.pool.page_size, kv_mb, self.pool.max_running, state_mb,
+            "pool: %d KV pages of %d tokens (%.1f MiB), %d state slots (%.1f MiB, %d of them the prefix cache's); "
+            "max concurrency %d at %d tokens",
+            self.pool.total_pages, self.pool.page_size, kv_mb, self.pool.num_slots, state_mb, self.pool_cfg.cache_slots,
             min(self.pool.max_running, self.pool.total_pages // self.pool_cfg.pages_per_request), self.max_seq_len,
         )
 

@@ -20,6 +20,7 @@ from minisgl.engine.args import CPU_MAX_RUNNING_REQUESTS, KV_CACHE_DTYPES, Engin
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.hybrid_pool import PoolConfig, PoolLayout
+from minisgl.kvcache.planner import cache_slots_for, slot_split
 from minisgl.models.config import ModelConfig, QuantConfig, load_config
 from minisgl.models.context import Backends
 from minisgl.models.sharding import pool_layout
@@ -141,8 +142,16 @@ def _resolve(args: EngineArgs, config: ModelConfig) -> EnginePlan:
             f"{config.max_position_embeddings}"
         )
     device = resolve_device(args.device)
+    # The flags' slots (the CPU's, or a pool pinned by --num-pages); a measured pool replans them.
+    if args.max_mamba_cache_size is not None:
+        running, cache_slots = slot_split(args.max_mamba_cache_size, args.max_running_requests,
+                                          args.enable_prefix_caching)
+    else:
+        running = args.max_running_requests or CPU_MAX_RUNNING_REQUESTS
+        cache_slots = cache_slots_for(running, args.enable_prefix_caching)
     pool = PoolConfig(
-        max_running_requests=args.max_running_requests or CPU_MAX_RUNNING_REQUESTS,
+        max_running_requests=running,
+        cache_slots=cache_slots,
         max_seq_len=args.context_length or config.max_position_embeddings,
         page_size=args.page_size,
         num_pages=args.num_pages,

@@ -1,7 +1,8 @@
 """Slot and page bookkeeping, without any tensors.
 
-A running request holds one request slot s ∈ [1, max_running] and the pages that cover its length,
-grown as it decodes within a page budget reserved at admission, so it never runs out mid-decode.
+A running request holds one request slot s ∈ [1, num_slots] and the pages that cover its length,
+grown as it decodes within a page budget reserved at admission, so it never runs out mid-decode. At
+most max_running requests run at once; the cache_slots beyond them are the prefix cache's alone.
 The colocated HybridPool uses it next to its tensors; the AFD coordinator uses it alone, for each
 attention worker's lane, and ships the resulting page assignments in the step plans.
 
@@ -10,7 +11,8 @@ shared prefix (whole pages, and a slot with the recurrent state after them), who
 request that starts with it borrows, with a copy of its state; or a finished request's parked
 sequence, whose slot and pages the one request that continues it takes over. Entries are
 evicted, least recently used first, when a slot or a page is wanted: pages held by entries alone
-count as available, so admission never waits on the cache.
+count as available, so admission never waits on the cache. Running requests leave at least
+cache_slots slots to entries, so a shared prefix stays cached while every running slot is busy.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class Admission:
 
     slot: int
     cached: int = 0  # prompt tokens it reuses from the cache
-    checkpoint: int = 0  # where its prefill stops once so the prefix before it can be cached (0: nowhere)
+    checkpoints: tuple[int, ...] = ()  # where its prefill stops, ascending, so the prefix before each is cached
 
 
 class PoolExhausted(RuntimeError):
@@ -44,14 +46,17 @@ class PoolExhausted(RuntimeError):
 
 class PoolAllocator:
     def __init__(self, max_running: int, total_pages: int, page_size: int, max_seq_len: int,
-                 prefix_cache: bool = False) -> None:
+                 prefix_cache: bool = False, cache_slots: int = 0) -> None:
+        if cache_slots and not prefix_cache:
+            raise ValueError("cache_slots are for the prefix cache, which is off")
         self.max_running = max_running
+        self.num_slots = max_running + cache_slots
         self.total_pages = total_pages
         self.page_size = page_size
         self.max_seq_len = max_seq_len
         # Pop from the end: low ids first keeps allocation deterministic across runs.
         self._free_pages = list(range(total_pages, DUMMY_PAGE, -1))
-        self._free_slots = list(range(max_running, DUMMY_SLOT, -1))
+        self._free_slots = list(range(self.num_slots, DUMMY_SLOT, -1))
         self._pages: dict[int, list[int]] = {}  # running slot -> its pages, those an entry lent it first
         self._borrowed: dict[int, int] = {}  # running slot -> how many of its first pages are lent
         self._reserved: dict[int, int] = {}  # running slot -> pages of its own it may take
@@ -61,7 +66,7 @@ class PoolAllocator:
         self._entry_refs: dict[int, int] = {}  # page -> cache entries holding it
         self._cache_only = 0  # pages held by entries alone: freed by evicting them
         self.cache: PrefixIndex | None = PrefixIndex(page_size) if prefix_cache else None
-        self._expects: dict[int, tuple[int, int]] = {}  # running slot -> the prefix it will cache (index key)
+        self._expects: dict[int, list[tuple[int, int]]] = {}  # running slot -> the prefixes it will cache (index keys)
 
     @property
     def free_slots(self) -> int:
@@ -95,23 +100,25 @@ class PoolAllocator:
         return len(self._free_pages) + self._cache_only - self._untaken
 
     def can_allocate(self, reserve_tokens: int) -> bool:
-        return (bool(self._free_slots) or self.cached_prefixes > 0) and \
-            _num_pages(reserve_tokens, self.page_size) <= self.available_pages
+        # Below max_running, a slot is free or held by an entry (evictable): num_slots > running.
+        return self.used_slots < self.max_running and _num_pages(reserve_tokens, self.page_size) <= self.available_pages
 
     def allocate(self, reserve_tokens: int) -> int:
         """Take a slot and reserve pages for up to `reserve_tokens` tokens."""
         return self.admit((), reserve_tokens, reuse=False).slot
 
-    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> Admission:
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool, chat_turn: bool = False) -> Admission:
         """allocate(), starting from the longest cached prefix of `prompt` where `reuse` (which also
-        allows caching its own). (The AFD lanes' allocators keep no cache: nothing reused.)"""
-        return self.admit_entry(prompt, reserve_tokens, reuse)[0]
+        allows caching its own; a `chat_turn` near its end too, for the next turn). (The AFD lanes'
+        allocators keep no cache: nothing reused.)"""
+        return self.admit_entry(prompt, reserve_tokens, reuse, chat_turn)[0]
 
-    def admit_entry(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> tuple[Admission, PrefixEntry | None]:
+    def admit_entry(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool,
+                    chat_turn: bool = False) -> tuple[Admission, PrefixEntry | None]:
         """admit(), and the entry whose pages the slot borrowed (its state is the caller's to copy)."""
         if reserve_tokens > self.max_seq_len:
             raise PoolExhausted(f"a request of {reserve_tokens} tokens exceeds max_seq_len={self.max_seq_len}")
-        if not self._free_slots and not self.cached_prefixes:
+        if self.used_slots >= self.max_running:
             raise PoolExhausted(f"no free request slot (all {self.max_running} in use)")
         need = _num_pages(reserve_tokens, self.page_size)
         if need > self.available_pages:
@@ -133,14 +140,12 @@ class PoolAllocator:
         self._untaken += need - len(lent)
         cached = len(entry.tokens) if entry is not None else 0
         # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
-        # that continues it: stopping its prefill for a shared prefix would only cost a step. Nor
-        # does a prompt whose first page no other recent prompt had: nothing suggests it is shared.
+        # that continues it: stopping its prefill for a shared prefix would only cost a step.
         continues = entry is not None and entry.parked
-        shared = reuse and self.cache is not None and (cached > 0 or self.cache.head_shared(prompt))
-        at = self._checkpoint(len(prompt), cached) if shared and not continues else 0
-        if at:
-            self._expects[slot] = self.cache.expect(prompt[:at])
-        return Admission(slot, cached, at), entry
+        points = self._checkpoints(prompt, cached, chat_turn) if reuse and not continues else ()
+        if points:
+            self._expects[slot] = [self.cache.expect(prompt[:at]) for at in points]
+        return Admission(slot, cached, points), entry
 
     def note_prompt(self, prompt: Sequence[int]) -> None:
         """A request with this prompt arrived (queued): whether prompts share their beginnings decides
@@ -154,32 +159,49 @@ class PoolAllocator:
         instead of computing it once more."""
         return self.cache is not None and self.cache.awaited(prompt)
 
-    def _settle(self, slot: int) -> None:
-        if (key := self._expects.pop(slot, None)) is not None:
+    def _settle(self, slot: int, tokens: Sequence[int] | None = None) -> None:
+        """The slot has cached `tokens` or given up on it (None: on all it expected to cache)."""
+        keys = self._expects.get(slot, [])
+        settled = list(keys) if tokens is None else [key for key in [self.cache.key(tokens)] if key in keys]
+        for key in settled:
+            keys.remove(key)
             self.cache.settle(key)
+        if not keys:
+            self._expects.pop(slot, None)
 
-    def _checkpoint(self, prompt_len: int, cached: int) -> int:
-        """Where a new request's prefill should stop once so its prefix can be cached (0: nowhere):
-        the last page boundary at least CHECKPOINT_TAIL tokens before the prompt's end, past what it
-        reused, while a slot could hold the entry."""
+    def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool) -> tuple[int, ...]:
+        """Where a new request's prefill should stop so prefixes of it can be cached, past what it
+        reused, while a slot could hold an entry; only for a prompt that reused a prefix or shares
+        whole pages with another recent prompt (nothing suggests one like no other is shared):
+        - where its pages shared with another prompt end (the end of a system prompt many users'
+          prompts begin with, cached by the second of them), no later than the tail below;
+        - for a chat turn, also the last page boundary at least CHECKPOINT_TAIL tokens before its
+          end (the tail): the prefix the next turn of its conversation starts with. Other prompts
+          do not stop there: raw prompts that continue a finished one do so exactly (parked)."""
         if self.cache is None or not (self._free_slots or self.cached_prefixes):
-            return 0
-        at = (prompt_len - CHECKPOINT_TAIL) // self.page_size * self.page_size
-        return at if at > cached else 0
+            return ()
+        shared = self.cache.shared_pages(prompt) * self.page_size
+        if not (shared or cached):
+            return ()
+        tail = (len(prompt) - CHECKPOINT_TAIL) // self.page_size * self.page_size
+        points = {min(shared, tail)} if shared else set()
+        if chat_turn and (self._free_slots or self.cache.evictable(proven=False)):  # a tail evicts no shared prefix
+            points.add(tail)
+        return tuple(at for at in sorted(points) if at > cached)
 
     def cache_prefix(self, slot: int, tokens: Sequence[int]) -> PrefixEntry | None:
         """Keep the first len(tokens) tokens (whole pages) of running `slot` as an entry: its pages
         are shared, its state goes to a slot of the entry's own (the caller copies it). None where
-        no slot is to be had or the prefix is cached already."""
-        self._settle(slot)
-        if self.cache is None or not (self._free_slots or self.cached_prefixes):
+        the prefix is cached already or no slot is to be had (a prefix no other recent prompt
+        shares evicts no prefix prompts share)."""
+        if self.cache is None:
+            return None
+        self._settle(slot, tokens)
+        if self.cache.holds(tokens) or not (self._free_slots or self._evict_one(self.cache.shared_by_others(tokens))):
             return None
         pages = tuple(self._pages[slot][: len(tokens) // self.page_size])
-        entry_slot = self._take_slot()
-        entry = PrefixEntry(tuple(tokens), pages, entry_slot)
-        if not self.cache.insert(entry):
-            self._free_slots.append(entry_slot)
-            return None
+        entry = PrefixEntry(tuple(tokens), pages, self._free_slots.pop())
+        self.cache.insert(entry)
         for page in pages:
             self._hold(page, by_slot=False)
         return entry
@@ -268,11 +290,12 @@ class PoolAllocator:
 
     def _take_slot(self) -> int:
         if not self._free_slots and not self._evict_one():
-            raise PoolExhausted(f"no free request slot (all {self.max_running} in use)")
+            raise PoolExhausted(f"no free request slot (all {self.num_slots} held)")
         return self._free_slots.pop()
 
-    def _evict_one(self) -> bool:
-        entry = self.cache.pop_least_recent() if self.cache is not None else None
+    def _evict_one(self, proven: bool = True) -> bool:
+        """Evict the entry pop_least_recent(proven) names, if any."""
+        entry = self.cache.pop_least_recent(proven) if self.cache is not None else None
         if entry is None:
             return False
         for page in entry.pages:
@@ -312,11 +335,14 @@ class PoolAllocator:
         if untaken != self._untaken:
             raise AssertionError(f"reserved pages miscounted: {self._untaken} != {untaken}")
         expected = self.cache._expected if self.cache is not None else {}
-        if not set(self._expects) <= set(self._pages) or Counter(self._expects.values()) != Counter(expected):
+        expects = Counter(key for keys in self._expects.values() for key in keys)
+        if not set(self._expects) <= set(self._pages) or expects != Counter(expected):
             raise AssertionError("the prefixes running requests will cache are miscounted")
         slots = list(self._pages) + [e.slot for e in entries] + self._free_slots
-        if len(slots) != self.max_running or set(slots) != set(range(1, self.max_running + 1)):
+        if len(slots) != self.num_slots or set(slots) != set(range(1, self.num_slots + 1)):
             raise AssertionError(
                 f"slot pool corrupt: {len(self._free_slots)} free + {len(self._pages)} used + {len(entries)} "
-                f"cached != {self.max_running}"
+                f"cached != {self.num_slots}"
             )
+        if len(self._pages) > self.max_running:
+            raise AssertionError(f"{len(self._pages)} requests run, more than max_running={self.max_running}")

@@ -1,7 +1,8 @@
 """The hybrid pool: paged KV for the full-attention layers and state slots for the GDN layers.
 
-Request slot s ∈ [1, max_running] owns state slot s and page-table row s - 1. Slot 0 and the last
-table row (pointing at page 0) are dummies that padded batch entries use.
+Request slot s ∈ [1, num_slots] owns state slot s and page-table row s - 1: max_running_requests
+running at once, and cache_slots more that only the prefix cache holds. Slot 0 and the last table
+row (pointing at page 0) are dummies that padded batch entries use.
 """
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ class PoolConfig:
     ssm_dtype: str = "float32"
     kv_dtype: str | None = None  # torch's name; None: the activations' dtype
     prefix_cache: bool = False  # idle slots and pages keep what earlier requests fed (allocator.py)
+    cache_slots: int = 0  # state slots beyond max_running_requests that only the prefix cache holds
 
     def __post_init__(self) -> None:
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.cache_slots < 0 or (self.cache_slots and not self.prefix_cache):
+            raise ValueError(f"cache_slots must be >= 0, and 0 without the prefix cache, got {self.cache_slots}")
         if self.max_seq_len < 1:
             raise ValueError(f"max_seq_len must be >= 1, got {self.max_seq_len}")
         if self.page_size < 1:
@@ -66,6 +70,10 @@ class PoolConfig:
                 f"num_pages={self.num_pages} cannot hold even one request of max_seq_len={self.max_seq_len} "
                 f"at page_size={self.page_size}"
             )
+
+    @property
+    def num_slots(self) -> int:
+        return self.max_running_requests + self.cache_slots
 
     @property
     def pages_per_request(self) -> int:
@@ -91,8 +99,9 @@ class HybridPool:
         self.cfg = cfg
         self.page_size = cfg.page_size
         self.max_running = cfg.max_running_requests
+        self.num_slots = cfg.num_slots
         self.allocator = PoolAllocator(self.max_running, cfg.usable_pages, cfg.page_size, cfg.max_seq_len,
-                                       cfg.prefix_cache)
+                                       cfg.prefix_cache, cfg.cache_slots)
         total_pages = cfg.usable_pages + 1  # + the dummy page 0
         self.kv: KVPool | None = None
         if layout.full_layers:
@@ -102,7 +111,7 @@ class HybridPool:
         if layout.linear_layers:
             self.state = StatePool(
                 layout.linear_layers,
-                self.max_running,
+                self.num_slots,
                 layout.conv_dim,
                 layout.conv_kernel,
                 layout.num_value_heads,
@@ -113,9 +122,9 @@ class HybridPool:
                 device=device,
             )
         self.page_table = torch.full(
-            (self.max_running + 1, cfg.pages_per_request), DUMMY_PAGE, dtype=torch.int32, device=device
+            (self.num_slots + 1, cfg.pages_per_request), DUMMY_PAGE, dtype=torch.int32, device=device
         )
-        self.dummy_row = self.max_running
+        self.dummy_row = self.num_slots
 
     @classmethod
     def scratch(
@@ -189,10 +198,10 @@ class HybridPool:
         """Take a slot with zeroed state and reserve pages for up to `reserve_tokens` tokens."""
         return self.admit((), reserve_tokens, reuse=False).slot
 
-    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool) -> Admission:
+    def admit(self, prompt: Sequence[int], reserve_tokens: int, reuse: bool, chat_turn: bool = False) -> Admission:
         """allocator.admit: where `reuse` and the cache holds a prefix of `prompt`, the slot starts
         after it, with the prefix's pages in its table row and its state; else from zero state."""
-        admission, entry = self.allocator.admit_entry(prompt, reserve_tokens, reuse)
+        admission, entry = self.allocator.admit_entry(prompt, reserve_tokens, reuse, chat_turn)
         slot = admission.slot
         if entry is None:
             self.reset_slot(slot)
@@ -238,6 +247,6 @@ class HybridPool:
     def check_integrity(self) -> None:
         """free + used == total for pages and slots, and no free slot keeps pages in its table row."""
         self.allocator.check_integrity()
-        for slot in range(1, self.max_running + 1):
+        for slot in range(1, self.num_slots + 1):
             if not self.allocator.holds(slot) and bool((self.page_table[self.row(slot)] != DUMMY_PAGE).any()):
                 raise AssertionError(f"free slot {slot} still has pages in its table row")

@@ -8,9 +8,10 @@ the longest entry it starts with. Two kinds:
 - a parked sequence: all a finished request fed (its last page may be partial), taken over whole
   by the one prompt that continues it (the next call of an agent), which writes on into that page.
 
-It also remembers the first pages of recent prompts (a prompt whose beginning no other shares is
-not worth a step to cache a prefix of) and the prefixes running requests are about to cache
-(prompts that start with one wait for it).
+It also remembers the page prefixes of recent prompts (how far a prompt shares its beginning with
+another says where to cache: a shared system prompt ends there, and a prompt that shares nothing is
+not worth a step to cache a prefix of) and the prefixes running requests are about to cache (prompts
+that start with one wait for it).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 
-# First pages of prompts remembered (note): a few minutes of a busy server's arrivals.
-RECENT_HEADS = 4096
+# Page prefixes of recent prompts remembered (note), oldest out first: ~25 MB of the host's memory,
+# a few minutes of a busy server's arrivals (at 64-token pages, 2,000 prompts of 8K tokens).
+RECENT_PAGES = 1 << 18
 
 
 @dataclass(frozen=True, eq=False)  # identity: two entries are never one
@@ -42,12 +44,6 @@ def page_hashes(tokens: Sequence[int], page_size: int, pages: int) -> Iterator[i
         yield h
 
 
-def _head(prompt: Sequence[int], page_size: int) -> int | None:
-    """A prompt's first page, hashed; None for a prompt of a page or less (it shares no whole page
-    and still has a token to feed)."""
-    return hash(tuple(prompt[:page_size])) if len(prompt) > page_size else None
-
-
 class PrefixIndex:
     """Entries by (their whole pages, the chained hash of those pages)."""
 
@@ -55,9 +51,10 @@ class PrefixIndex:
         self.page_size = page_size
         self._buckets: dict[tuple[int, int], list[PrefixEntry]] = {}
         self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
+        self._proven: set[PrefixEntry] = set()  # shared prefixes that prompts share (see insert)
         self._clock = itertools.count()
         self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
-        self._heads: OrderedDict[int, int] = OrderedDict()  # a recent prompts' first page -> how many, newest last
+        self._seen: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> recent prompts with it, newest last
 
     def __len__(self) -> int:
         return len(self._used)
@@ -65,7 +62,9 @@ class PrefixIndex:
     def entries(self) -> list[PrefixEntry]:
         return list(self._used)
 
-    def _key(self, tokens: Sequence[int]) -> tuple[int, int]:
+    def key(self, tokens: Sequence[int]) -> tuple[int, int]:
+        """(whole pages of `tokens`, their chained hash): what entries, expectations and the noted
+        prompts' prefixes are found by."""
         pages = len(tokens) // self.page_size
         *_, h = page_hashes(tokens, self.page_size, pages)
         return pages, h
@@ -81,41 +80,59 @@ class PrefixIndex:
                 n = len(entry.tokens)
                 if n < len(prompt) and list(entry.tokens) == list(prompt[:n]):
                     self._used[entry] = next(self._clock)
+                    self._proven.add(entry)
                     return entry
         return None
 
+    def holds(self, tokens: Sequence[int]) -> bool:
+        """Whether an entry holds exactly `tokens`."""
+        return any(e.tokens == tuple(tokens) for e in self._buckets.get(self.key(tokens), ()))
+
     def insert(self, entry: PrefixEntry) -> bool:
-        """Index `entry`; False (and nothing changed) where the same tokens are cached already."""
+        """Index `entry`; False (and nothing changed) where the same tokens are cached already. A
+        shared prefix another recent prompt also begins with is proven from the start; one cached
+        for a next turn that may not come (a prompt's tail), once a prompt reuses it."""
         pages, rest = divmod(len(entry.tokens), self.page_size)
         if not entry.tokens or (rest and not entry.parked):
             raise ValueError(f"a shared prefix holds whole pages, not {len(entry.tokens)} tokens")
         if len(entry.pages) != pages + bool(rest):
             raise ValueError(f"{len(entry.tokens)} tokens in {len(entry.pages)} pages of {self.page_size}")
-        bucket = self._buckets.setdefault(self._key(entry.tokens), [])
-        if any(e.tokens == entry.tokens for e in bucket):
+        if self.holds(entry.tokens):
             return False
+        bucket = self._buckets.setdefault(self.key(entry.tokens), [])
         bucket.append(entry)
         bucket.sort(key=lambda e: -len(e.tokens))
         self._used[entry] = next(self._clock)
+        if not entry.parked and self.shared_by_others(entry.tokens):
+            self._proven.add(entry)
         return True
 
     def note(self, prompt: Sequence[int]) -> None:
-        """Remember that `prompt` arrived (its first page, among the last RECENT_HEADS first pages)."""
-        if (head := _head(prompt, self.page_size)) is not None:
-            self._heads[head] = self._heads.get(head, 0) + 1
-            self._heads.move_to_end(head)
-            if len(self._heads) > RECENT_HEADS:
-                self._heads.popitem(last=False)
+        """Remember that `prompt` arrived: each of its page prefixes (those that leave it a token),
+        among the last RECENT_PAGES noted."""
+        most = (len(prompt) - 1) // self.page_size
+        for key in itertools.islice(enumerate(page_hashes(prompt, self.page_size, most)), 1, None):
+            self._seen[key] = self._seen.get(key, 0) + 1
+            self._seen.move_to_end(key)
+        while len(self._seen) > RECENT_PAGES:
+            self._seen.popitem(last=False)
 
-    def head_shared(self, prompt: Sequence[int]) -> bool:
-        """Whether another recent prompt began with the same page as `prompt` (noted): one that shares
-        nothing with them (a random benchmark's) would pay a prefill step to cache what no one reuses."""
-        return self._heads.get(_head(prompt, self.page_size), 0) > 1
+    def shared_by_others(self, tokens: Sequence[int]) -> bool:
+        """Whether more than one recent prompt began with `tokens` (whole pages)."""
+        return self._seen.get(self.key(tokens), 0) > 1
+
+    def shared_pages(self, prompt: Sequence[int]) -> int:
+        """The most whole pages `prompt` (noted) shares with another recent prompt: where a shared
+        system prompt or a common history ends; 0 for a prompt that shares nothing with them (a random
+        benchmark's), which would pay a prefill step to cache what no one reuses."""
+        most = (len(prompt) - 1) // self.page_size
+        keys = list(enumerate(page_hashes(prompt, self.page_size, most)))
+        return next((pages for pages, h in reversed(keys[1:]) if self._seen.get((pages, h), 0) > 1), 0)
 
     def expect(self, tokens: Sequence[int]) -> tuple[int, int]:
         """A running request will cache `tokens` (a shared prefix) once its prefill gets there; the
         key to settle() when it has or never will."""
-        key = self._key(tokens)
+        key = self.key(tokens)
         self._expected[key] = self._expected.get(key, 0) + 1
         return key
 
@@ -133,19 +150,28 @@ class PrefixIndex:
         return any(key in self._expected for key in enumerate(page_hashes(prompt, self.page_size, most)))
 
     def remove(self, entry: PrefixEntry) -> None:
-        key = self._key(entry.tokens)
+        key = self.key(entry.tokens)
         self._buckets[key].remove(entry)
         if not self._buckets[key]:
             del self._buckets[key]
         del self._used[entry]
+        self._proven.discard(entry)
 
-    def pop_least_recent(self) -> PrefixEntry | None:
+    def evictable(self, proven: bool) -> bool:
+        """Whether pop_least_recent(proven) would find an entry."""
+        return len(self._used) > (0 if proven else len(self._proven))
+
+    def pop_least_recent(self, proven: bool = True) -> PrefixEntry | None:
         """The entry to evict: the least recently used parked sequence, else the least recently used
-        shared prefix. A parked sequence serves one continuation, a shared prefix every prompt that
-        starts with it (as a radix tree evicts its leaves before the prefixes they extend)."""
-        if not self._used:
-            return None
+        prefix no prompt has shared yet, else (where `proven` allows) the least recently used one
+        prompts share. A parked sequence serves one continuation and an unproven prefix perhaps one,
+        a proven one every prompt that starts with it (as a radix tree evicts its leaves before the
+        prefixes they extend); a prompt's tail cached for its next turn evicts no proven prefix."""
         parked = [e for e in self._used if e.parked]
-        entry = min(parked or self._used, key=self._used.__getitem__)
+        unproven = parked or [e for e in self._used if e not in self._proven]
+        pool = unproven or (list(self._used) if proven else [])
+        if not pool:
+            return None
+        entry = min(pool, key=self._used.__getitem__)
         self.remove(entry)
         return entry

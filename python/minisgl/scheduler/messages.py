@@ -16,6 +16,9 @@ class GenerateRequest:
     rid: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    # A chat conversation rendered by the server's template: its next turn re-renders the end of
+    # this prompt, so the prefix cache keeps a state shortly before that end (allocator.py).
+    chat_turn: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ class Request:
     params: SamplingParams
     generator: torch.Generator | None = None
     stop_checker: StopChecker | None = None
+    chat_turn: bool = False  # GenerateRequest.chat_turn
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0  # tokens fed to the model: their KV/state is written (or queued on the device)
     num_cached: int = 0  # prompt tokens a cached prefix gave it at admission (computed for an earlier request)
-    checkpoint: int = 0  # where its prefill stops once, to cache the prefix before it (0: nowhere)
+    checkpoints: tuple[int, ...] = ()  # where its prefill stops, ascending, to cache the prefix before each
     num_pending: int = 0  # tokens sampled on the device that the CPU has not seen yet (overlap loop)
     pending_row: int = -1  # row of the newest pending token in the in-flight step's sampled tokens
     finish_reason: str | None = None

@@ -104,7 +104,7 @@ def new_request(
 ) -> Request:
     p = req.params
     checker = StopChecker(p.stop, make_decoder(p.skip_special_tokens)) if p.stop else None
-    return Request(req.rid, list(req.prompt_ids), p, generator, checker)
+    return Request(req.rid, list(req.prompt_ids), p, generator, checker, req.chat_turn)
 
 
 class SlotPool(Protocol):
@@ -112,7 +112,7 @@ class SlotPool(Protocol):
 
     def can_allocate(self, reserve_tokens: int) -> bool: ...
 
-    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool) -> Admission: ...
+    def admit(self, prompt: list[int], reserve_tokens: int, reuse: bool, chat_turn: bool = False) -> Admission: ...
 
     def awaits_prefix(self, prompt: list[int]) -> bool: ...
 
@@ -121,8 +121,8 @@ def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
     """Give r a slot, starting it after the longest cached prefix of its prompt, and mark where its
     prefill should stop to cache its own. A prompt_logprobs request scores every prompt token, so
     it neither reuses a prefix nor stops early for one."""
-    a = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=r.prompt_logprobs is None)
-    r.slot, r.num_cached, r.num_computed, r.checkpoint = a.slot, a.cached, a.cached, a.checkpoint
+    a = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=r.prompt_logprobs is None, chat_turn=r.chat_turn)
+    r.slot, r.num_cached, r.num_computed, r.checkpoints = a.slot, a.cached, a.cached, a.checkpoints
 
 
 def reserve_tokens(r: Request, max_seq_len: int) -> int:
@@ -160,8 +160,8 @@ def plan_batch(
 
     def chunk_len(r: Request) -> int:
         n = min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)
-        if r.checkpoint > r.num_computed:
-            n = min(n, r.checkpoint - r.num_computed)
+        if (at := next((at for at in r.checkpoints if at > r.num_computed), 0)):
+            n = min(n, at - r.num_computed)
         return min(n, logprob_budget) if r.prompt_logprobs is not None else n
 
     def take(r: Request, n: int) -> None:

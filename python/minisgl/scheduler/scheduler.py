@@ -210,8 +210,8 @@ class Scheduler:
             logits = self.engine.forward_batch(batch)
         for r, n in items:
             r.num_computed += n
-            if r.num_computed == r.checkpoint:  # queued after this step's forward, which ends there
-                self.pool.cache_prefix(r.slot, r.prompt_ids[: r.checkpoint])
+            if r.num_computed in r.checkpoints:  # queued after this step's forward, which ends there
+                self.pool.cache_prefix(r.slot, r.prompt_ids[: r.num_computed])
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
         sampled_logits = take_rows(logits, sample_rows)

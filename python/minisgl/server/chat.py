@@ -65,7 +65,7 @@ async def create_chat_completion(body: ChatCompletionRequest, raw: Request) -> R
     states: dict[str, _State] = {}
     for j in range(body.n):
         params = ctx.sampling_params(body, max_tokens, logprobs, body.prompt_logprobs, j)
-        c = Choice(j, f"{cid}-{j}", tuple(ids), params)
+        c = Choice(j, f"{cid}-{j}", tuple(ids), params, chat_turn=True)
         states[c.rid] = _State(c, ChoiceStream(reasoning(thinking) if reasoning else None, tools.new_parser()))
 
     def delta(o: RequestOutput) -> dict[str, Any]:

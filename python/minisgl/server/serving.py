@@ -67,6 +67,7 @@ class Choice:
     rid: str
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    chat_turn: bool = False  # GenerateRequest.chat_turn
 
 
 class ServingContext:
@@ -275,7 +276,7 @@ def start_choices(ctx: ServingContext, request_id: str, choices: list[Choice]) -
     """Admit the choices as one response's engine requests (every check happens here, before any
     header is sent): their outputs, and the close that ends the response (idempotent: whichever
     way the response ends first closes the submission, aborting what still runs)."""
-    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params) for c in choices]
+    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params, c.chat_turn) for c in choices]
     sub = ctx.admission.admit(request_id, reqs)
     ctx.request_log.received(request_id, reqs)
 
