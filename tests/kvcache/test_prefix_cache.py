@@ -59,15 +59,28 @@ def test_index_finds_where_recent_prompts_part(monkeypatch: pytest.MonkeyPatch) 
     assert index.shared_pages([6] * 15) == 3 and index.shared_pages(system + [1] * 6) == 0
 
 
+def test_a_conversation_s_next_turn_is_no_branch() -> None:
+    """A prompt that continues a recent one (its conversation's last turn, which it takes over
+    parked) shares all of it, but no prompt goes on differently: nothing to cache for it. Another
+    that parts from it within its last, partial page does."""
+    index = PrefixIndex(PS)
+    last = [7] * 9 + [1] * 6  # 3 whole pages, 3 tokens into a fourth
+    turns = [last, last + [3] * 8, last + [3] * 8 + [4] * 5]
+    for turn in turns:
+        index.note(turn)
+        assert index.shared_pages(turn) == 0
+    other = last[:-1] + [2] + [5] * 8  # parts from `last` at its last token
+    index.note(other)
+    assert index.shared_pages(other) == 3
+
+
 def test_an_unshared_prefix_evicts_no_shared_one() -> None:
-    """A prefix two recent prompts begin with is proven; a prompt's tail (cached for a next turn)
-    is not until a prompt reuses it, and goes first."""
+    """A prefix where prompts branch is proven; a chat turn's tail (cached for a next turn) is not
+    until a prompt reuses it, and goes first."""
     index = PrefixIndex(PS)
     system = [7] * 8
-    index.note(system + [1] * 6)
-    index.note(system + [2] * 6)
     shared, tail = _entry(system, 1), _entry(system + [1] * 4, 2)
-    assert index.insert(shared) and index.insert(tail)
+    assert index.insert(shared, proven=True) and index.insert(tail)
     assert index.evictable(proven=False) and index.pop_least_recent(proven=False) is tail
     assert not index.evictable(proven=False) and index.pop_least_recent(proven=False) is None
     reused = _entry(system + [2] * 4, 3)

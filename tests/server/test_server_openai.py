@@ -178,21 +178,19 @@ def _cached_total(server: Server) -> float:
 
 def test_usage_counts_the_prompt_tokens_the_cache_served(live_server: Server, client: openai.OpenAI,
                                                           model: str) -> None:
-    """The first prompt of its kind is not cached; the next one that begins alike stops early to
-    cache its prefix (whole pages of 16, up to 16 tokens before its end); the one after reuses it:
-    usage.prompt_tokens_details.cached_tokens says how many, and so does the metric."""
+    """The first prompt of its kind is not cached; the next one that begins alike and goes on
+    differently stops where they part to cache what they share (whole pages of 16); the one after
+    reuses it: usage.prompt_tokens_details.cached_tokens says how many, and so does the metric."""
     before = _cached_total(live_server)
-    stem = " ".join(f"w{i}" for i in range(40))
-    first = client.completions.create(model=model, prompt=stem, max_tokens=2, temperature=0)
-    second = client.completions.create(model=model, prompt=stem + " and then some more", max_tokens=2,
-                                       temperature=0)
+    stem = list(range(100, 140))  # 40 token ids: 2 whole pages, 8 tokens into a third
+    first = client.completions.create(model=model, prompt=stem + [7] * 5, max_tokens=2, temperature=0)
+    second = client.completions.create(model=model, prompt=stem + [8] * 20, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == 0
-    chunks = list(client.completions.create(model=model, prompt=stem + " again", max_tokens=2, temperature=0,
+    chunks = list(client.completions.create(model=model, prompt=stem + [9] * 3, max_tokens=2, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
-    cached = (second.usage.prompt_tokens - 16) // 16 * 16
-    assert cached > 0 and chunks[-1].usage.prompt_tokens_details.cached_tokens == cached
-    assert _cached_total(live_server) - before == cached
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+    assert _cached_total(live_server) - before == 32
 
 
 def test_the_next_chat_turn_reuses_the_last(client: openai.OpenAI, model: str) -> None:

@@ -66,7 +66,8 @@ class PoolAllocator:
         self._entry_refs: dict[int, int] = {}  # page -> cache entries holding it
         self._cache_only = 0  # pages held by entries alone: freed by evicting them
         self.cache: PrefixIndex | None = PrefixIndex(page_size) if prefix_cache else None
-        self._expects: dict[int, list[tuple[int, int]]] = {}  # running slot -> the prefixes it will cache (index keys)
+        # running slot -> the prefixes it will cache (index keys) -> whether prompts branch there
+        self._expects: dict[int, dict[tuple[int, int], bool]] = {}
 
     @property
     def free_slots(self) -> int:
@@ -142,10 +143,10 @@ class PoolAllocator:
         # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
         # that continues it: stopping its prefill for a shared prefix would only cost a step.
         continues = entry is not None and entry.parked
-        points = self._checkpoints(prompt, cached, chat_turn) if reuse and not continues else ()
+        points = self._checkpoints(prompt, cached, chat_turn) if reuse and not continues else {}
         if points:
-            self._expects[slot] = [self.cache.expect(prompt[:at]) for at in points]
-        return Admission(slot, cached, points), entry
+            self._expects[slot] = {self.cache.expect(prompt[:at]): shared for at, shared in points.items()}
+        return Admission(slot, cached, tuple(sorted(points))), entry
 
     def note_prompt(self, prompt: Sequence[int]) -> None:
         """A request with this prompt arrived (queued): whether prompts share their beginnings decides
@@ -159,35 +160,39 @@ class PoolAllocator:
         instead of computing it once more."""
         return self.cache is not None and self.cache.awaited(prompt)
 
-    def _settle(self, slot: int, tokens: Sequence[int] | None = None) -> None:
-        """The slot has cached `tokens` or given up on it (None: on all it expected to cache)."""
-        keys = self._expects.get(slot, [])
+    def _settle(self, slot: int, tokens: Sequence[int] | None = None) -> bool:
+        """The slot has cached `tokens` or given up on it (None: on all it expected to cache);
+        whether recent prompts branch after `tokens`."""
+        keys = self._expects.get(slot, {})
         settled = list(keys) if tokens is None else [key for key in [self.cache.key(tokens)] if key in keys]
+        shared = False
         for key in settled:
-            keys.remove(key)
+            shared = keys.pop(key)
             self.cache.settle(key)
         if not keys:
             self._expects.pop(slot, None)
+        return shared
 
-    def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool) -> tuple[int, ...]:
-        """Where a new request's prefill should stop so prefixes of it can be cached, past what it
-        reused, while a slot could hold an entry; only for a prompt that reused a prefix or shares
-        whole pages with another recent prompt (nothing suggests one like no other is shared):
-        - where its pages shared with another prompt end (the end of a system prompt many users'
-          prompts begin with, cached by the second of them), no later than the tail below;
+    def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool) -> dict[int, bool]:
+        """Where a new request's prefill should stop so prefixes of it can be cached (and whether
+        recent prompts branch there), past what it reused, while a slot could hold an entry; only
+        for a prompt that reused a prefix or shares whole pages with another recent prompt that goes
+        on differently (nothing suggests one like no other is shared):
+        - where it parts from that prompt (the end of a system prompt many users' prompts begin
+          with, cached by the second of them), no later than the tail below;
         - for a chat turn, also the last page boundary at least CHECKPOINT_TAIL tokens before its
           end (the tail): the prefix the next turn of its conversation starts with. Other prompts
           do not stop there: raw prompts that continue a finished one do so exactly (parked)."""
         if self.cache is None or not (self._free_slots or self.cached_prefixes):
-            return ()
+            return {}
         shared = self.cache.shared_pages(prompt) * self.page_size
         if not (shared or cached):
-            return ()
+            return {}
         tail = (len(prompt) - CHECKPOINT_TAIL) // self.page_size * self.page_size
-        points = {min(shared, tail)} if shared else set()
+        points = {min(shared, tail): True} if shared else {}
         if chat_turn and (self._free_slots or self.cache.evictable(proven=False)):  # a tail evicts no shared prefix
-            points.add(tail)
-        return tuple(at for at in sorted(points) if at > cached)
+            points.setdefault(tail, False)
+        return {at: s for at, s in points.items() if at > cached}
 
     def cache_prefix(self, slot: int, tokens: Sequence[int]) -> PrefixEntry | None:
         """Keep the first len(tokens) tokens (whole pages) of running `slot` as an entry: its pages
@@ -196,12 +201,12 @@ class PoolAllocator:
         shares evicts no prefix prompts share)."""
         if self.cache is None:
             return None
-        self._settle(slot, tokens)
-        if self.cache.holds(tokens) or not (self._free_slots or self._evict_one(self.cache.shared_by_others(tokens))):
+        shared = self._settle(slot, tokens)
+        if self.cache.holds(tokens) or not (self._free_slots or self._evict_one(proven=shared)):
             return None
         pages = tuple(self._pages[slot][: len(tokens) // self.page_size])
         entry = PrefixEntry(tuple(tokens), pages, self._free_slots.pop())
-        self.cache.insert(entry)
+        self.cache.insert(entry, proven=shared)
         for page in pages:
             self._hold(page, by_slot=False)
         return entry

@@ -8,10 +8,13 @@ the longest entry it starts with. Two kinds:
 - a parked sequence: all a finished request fed (its last page may be partial), taken over whole
   by the one prompt that continues it (the next call of an agent), which writes on into that page.
 
-It also remembers the page prefixes of recent prompts (how far a prompt shares its beginning with
-another says where to cache: a shared system prompt ends there, and a prompt that shares nothing is
-not worth a step to cache a prefix of) and the prefixes running requests are about to cache (prompts
-that start with one wait for it).
+It also remembers the page prefixes of recent prompts, as a tree of page hashes: where recent
+prompts branch (a page prefix two of them continue differently, or both end at) is where to cache,
+since every prompt through it will reuse it: a system prompt many users' prompts begin with. A
+conversation's next turn continues its last one, which ends where it branches off: no branch (the
+next turn takes the finished one over instead, parked). A prompt that shares nothing is not worth a
+step to cache a prefix of. And it remembers the prefixes running requests are about to cache
+(prompts that start with one wait for it).
 """
 from __future__ import annotations
 
@@ -21,9 +24,9 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 
-# Page prefixes of recent prompts remembered (note), oldest out first: ~25 MB of the host's memory,
-# a few minutes of a busy server's arrivals (at 64-token pages, 2,000 prompts of 8K tokens).
-RECENT_PAGES = 1 << 18
+# Page prefixes of recent prompts remembered (note), oldest out first: ~340 bytes of host memory
+# each (measured), so ~44 MiB; at 64-token pages 1,000 prompts of 8K tokens, 8,000 of 1K.
+RECENT_PAGES = 1 << 17
 
 
 @dataclass(frozen=True, eq=False)  # identity: two entries are never one
@@ -44,6 +47,21 @@ def page_hashes(tokens: Sequence[int], page_size: int, pages: int) -> Iterator[i
         yield h
 
 
+def _parts(node: list, after: tuple[int, ...], last: bool) -> bool:
+    """Whether another recent prompt through this page prefix goes on differently from a noted
+    prompt that has `after` after it (`last`: the prompt ends in the next page), or is the same."""
+    nexts, ends = node
+    if not last and nexts > 1:  # another next page than the prompt's own
+        return True
+    for rest, n in ends.items():  # prompts that end within the next page
+        if rest == after:
+            if n > 1:  # the prompt itself, and the same prompt again
+                return True
+        elif after[: len(rest)] != rest:  # not one the prompt continues (its conversation's last turn)
+            return True
+    return False
+
+
 class PrefixIndex:
     """Entries by (their whole pages, the chained hash of those pages)."""
 
@@ -54,7 +72,8 @@ class PrefixIndex:
         self._proven: set[PrefixEntry] = set()  # shared prefixes that prompts share (see insert)
         self._clock = itertools.count()
         self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
-        self._seen: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> recent prompts with it, newest last
+        # key -> (distinct next pages, {what prompts that end there have after it (less than a page): how many})
+        self._seen: OrderedDict[tuple[int, int], list] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._used)
@@ -88,10 +107,10 @@ class PrefixIndex:
         """Whether an entry holds exactly `tokens`."""
         return any(e.tokens == tuple(tokens) for e in self._buckets.get(self.key(tokens), ()))
 
-    def insert(self, entry: PrefixEntry) -> bool:
+    def insert(self, entry: PrefixEntry, proven: bool = False) -> bool:
         """Index `entry`; False (and nothing changed) where the same tokens are cached already. A
-        shared prefix another recent prompt also begins with is proven from the start; one cached
-        for a next turn that may not come (a prompt's tail), once a prompt reuses it."""
+        prefix where recent prompts branch is `proven` from the start; one cached for a next turn
+        that may not come (a chat turn's tail), once a prompt reuses it."""
         pages, rest = divmod(len(entry.tokens), self.page_size)
         if not entry.tokens or (rest and not entry.parked):
             raise ValueError(f"a shared prefix holds whole pages, not {len(entry.tokens)} tokens")
@@ -103,7 +122,7 @@ class PrefixIndex:
         bucket.append(entry)
         bucket.sort(key=lambda e: -len(e.tokens))
         self._used[entry] = next(self._clock)
-        if not entry.parked and self.shared_by_others(entry.tokens):
+        if proven and not entry.parked:
             self._proven.add(entry)
         return True
 
@@ -111,23 +130,34 @@ class PrefixIndex:
         """Remember that `prompt` arrived: each of its page prefixes (those that leave it a token),
         among the last RECENT_PAGES noted."""
         most = (len(prompt) - 1) // self.page_size
+        node = None
         for key in itertools.islice(enumerate(page_hashes(prompt, self.page_size, most)), 1, None):
-            self._seen[key] = self._seen.get(key, 0) + 1
+            if key not in self._seen:
+                self._seen[key] = [0, {}]
+                if node is not None:
+                    node[0] += 1
+            node = self._seen[key]
             self._seen.move_to_end(key)
+        if node is not None:
+            rest = tuple(prompt[most * self.page_size :])
+            node[1][rest] = node[1].get(rest, 0) + 1
         while len(self._seen) > RECENT_PAGES:
             self._seen.popitem(last=False)
 
-    def shared_by_others(self, tokens: Sequence[int]) -> bool:
-        """Whether more than one recent prompt began with `tokens` (whole pages)."""
-        return self._seen.get(self.key(tokens), 0) > 1
-
     def shared_pages(self, prompt: Sequence[int]) -> int:
-        """The most whole pages `prompt` (noted) shares with another recent prompt: where a shared
-        system prompt or a common history ends; 0 for a prompt that shares nothing with them (a random
-        benchmark's), which would pay a prefill step to cache what no one reuses."""
+        """The most whole pages `prompt` (noted) shares with another recent prompt that goes on
+        differently after them (or is the same prompt): where a system prompt many users' prompts
+        begin with ends. 0 for a prompt that shares nothing with them (a random benchmark's) or
+        only continues one (the next turn of a conversation, whose last turn it takes over): a
+        prefill step to cache what no other prompt reuses would be lost. (A chat turn parts from
+        its last turn a few tokens before that one's end, where the template renders it anew: it
+        may stop there, once, for nothing.)"""
         most = (len(prompt) - 1) // self.page_size
-        keys = list(enumerate(page_hashes(prompt, self.page_size, most)))
-        return next((pages for pages, h in reversed(keys[1:]) if self._seen.get((pages, h), 0) > 1), 0)
+        for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most)))[1:]):
+            node = self._seen.get((pages, h))
+            if node is not None and _parts(node, tuple(prompt[pages * self.page_size :]), pages == most):
+                return pages
+        return 0
 
     def expect(self, tokens: Sequence[int]) -> tuple[int, int]:
         """A running request will cache `tokens` (a shared prefix) once its prefill gets there; the
