@@ -20,21 +20,11 @@ from minisgl.engine.engine import Engine
 from minisgl.engine.plan import resolve_plan
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs
-from minisgl.scheduler.messages import GenerateRequest, RequestOutput
+from minisgl.scheduler.messages import GenerateRequest
+from minisgl.scheduler.protocol import run_to_end
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer
 from minisgl.tokenizer.tokenizer import load_tokenizer
-
-
-def _run(sched: Scheduler, reqs: list[GenerateRequest]) -> dict[str, list[RequestOutput]]:
-    for r in reqs:
-        sched.add_request(r)
-    outs: dict[str, list[RequestOutput]] = {r.rid: [] for r in reqs}
-    while sched.has_work:
-        for o in sched.step():
-            outs[o.rid].append(o)
-    sched.check_integrity()
-    return outs
 
 
 def _prompt(i: int, n: int) -> tuple[int, ...]:
@@ -67,11 +57,11 @@ def main() -> None:
     def sched(overlap: bool) -> Scheduler:
         return Scheduler(engine, lambda skip: IncrementalDetokenizer(tok, skip), SchedulerArgs(), overlap=overlap)
 
-    free = _run(sched(False), [GenerateRequest("f", _prompt(1, 12), SamplingParams(temperature=0, max_tokens=20,
+    free = run_to_end(sched(False), [GenerateRequest("f", _prompt(1, 12), SamplingParams(temperature=0, max_tokens=20,
                                                                                    ignore_eos=True))])
     tokens = [t for o in free["f"] for t in o.new_token_ids]
     reqs = _mixed(tokens, tok.decode(tokens))
-    sync, ovl = _run(sched(False), reqs), _run(sched(True), reqs)
+    sync, ovl = run_to_end(sched(False), reqs), run_to_end(sched(True), reqs)
     same = [rid for rid in sync if [t for o in sync[rid] for t in o.new_token_ids]
             == [t for o in ovl[rid] for t in o.new_token_ids]
             and sync[rid][-1].finish_reason == ovl[rid][-1].finish_reason]

@@ -3,12 +3,17 @@ the same prompt gives without the cache, at fp32 noise, and says how many tokens
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 
 from minisgl import LLM, SamplingParams
 from minisgl.kvcache.allocator import CHECKPOINT_TAIL
+from minisgl.scheduler.args import SchedulerArgs
 from minisgl.scheduler.messages import GenerateRequest
+from minisgl.scheduler.protocol import run_to_end
+from minisgl.scheduler.request import Request
+from minisgl.scheduler.rules import LPM_WINDOW, order_by_cached_prefix
 from minisgl.scheduler.scheduler import Scheduler
 
 PAGE = 16
@@ -220,3 +225,35 @@ def test_samples_of_one_prompt_wait_for_its_prefix(pair: tuple[LLM, LLM]) -> Non
         plain_sched.add_request(GenerateRequest(f"p{i}", tuple(prompt), params))
     plain_sched.step()
     assert len(plain_sched.running) == 4
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_lpm_admits_a_continuation_before_others_evict_what_it_continues(pair: tuple[LLM, LLM], policy: str) -> None:
+    """One running slot and one the cache keeps: a finished call, then two other prompts and the
+    call that continues it. First come, first served, the other prompts' turns evict the parked call
+    before its continuation is admitted; longest cached prefix first, the continuation takes it over."""
+    cached, _ = pair
+    sched = Scheduler(LLM(cached.engine.model_path, dtype="float32", device="cpu", page_size=PAGE, context_length=256,
+                          max_running_requests=1).engine, args=SchedulerArgs(schedule_policy=policy))
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+
+    first = _ids(40, 60)
+    done = run_to_end(sched, [GenerateRequest("a", tuple(first), params)])["a"]
+    answer = [t for o in done for t in o.new_token_ids]
+    cont = first + answer + _ids(8, 61)
+    outs = run_to_end(sched, [GenerateRequest("b", tuple(_ids(40, 62)), params), GenerateRequest("c", tuple(_ids(40, 63)), params),
+                GenerateRequest("a2", tuple(cont), params)])
+    reused = outs["a2"][-1].num_cached_tokens
+    assert reused == (len(first) + len(answer) - 1 if policy == "lpm" else 0)
+
+
+def test_lpm_orders_by_cached_prefix_within_its_window() -> None:
+    cached = {"0": 0, "1": 32, "2": 0, "3": 64, "4": 32}
+    waiting = deque(Request(rid, [1, 2], SamplingParams()) for rid in cached)
+    order_by_cached_prefix(waiting, lambda r: cached[r.rid])
+    assert [r.rid for r in waiting] == ["3", "1", "4", "0", "2"]  # arrival order among equals
+    crowd = deque(Request(str(i), [1, 2], SamplingParams()) for i in range(LPM_WINDOW + 1))
+    order_by_cached_prefix(crowd, lambda r: int(r.rid))
+    assert [r.rid for r in crowd] == [str(i) for i in range(LPM_WINDOW + 1)]  # beyond the window: as they came
+    with pytest.raises(ValueError, match="schedule_policy must be one of fcfs, lpm"):
+        SchedulerArgs(schedule_policy="lof")

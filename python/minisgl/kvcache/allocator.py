@@ -154,6 +154,14 @@ class PoolAllocator:
         if self.cache is not None:
             self.cache.note(prompt)
 
+    def prompt_keys(self, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """The cache's lookup keys of `prompt` (none without the cache), for cached_len."""
+        return self.cache.prompt_keys(prompt) if self.cache is not None else []
+
+    def cached_len(self, prompt: Sequence[int], keys: list[tuple[int, int]]) -> int:
+        """Prompt tokens admit() would reuse now; `keys`: prompt_keys(prompt)."""
+        return self.cache.longest(prompt, keys) if self.cache is not None else 0
+
     def awaits_prefix(self, prompt: Sequence[int]) -> bool:
         """Whether a running request is about to cache a prefix of `prompt`: admitting it a step or
         two later reuses that prefix (the samples of an n > 1 request, the same prompt sent again)

@@ -230,6 +230,12 @@ class HybridPool:
     def note_prompt(self, prompt: Sequence[int]) -> None:
         self.allocator.note_prompt(prompt)
 
+    def prompt_keys(self, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        return self.allocator.prompt_keys(prompt)
+
+    def cached_len(self, prompt: Sequence[int], keys: list[tuple[int, int]]) -> int:
+        return self.allocator.cached_len(prompt, keys)
+
     def awaits_prefix(self, prompt: Sequence[int]) -> bool:
         return self.allocator.awaits_prefix(prompt)
 

@@ -88,20 +88,34 @@ class PrefixIndex:
         *_, h = page_hashes(tokens, self.page_size, pages)
         return pages, h
 
+    def prompt_keys(self, prompt: Sequence[int]) -> list[tuple[int, int]]:
+        """The keys of `prompt`'s page prefixes that leave it a token, the empty one first: where
+        match() looks (a waiting request keeps them for longest())."""
+        return list(enumerate(page_hashes(prompt, self.page_size, (len(prompt) - 1) // self.page_size)))
+
+    def _find(self, prompt: Sequence[int], keys: list[tuple[int, int]]) -> PrefixEntry | None:
+        if not self._used:
+            return None
+        for key in reversed(keys):
+            for entry in self._buckets.get(key, ()):  # longest first
+                n = len(entry.tokens)
+                if n < len(prompt) and list(entry.tokens) == list(prompt[:n]):
+                    return entry
+        return None
+
     def match(self, prompt: Sequence[int]) -> PrefixEntry | None:
         """The longest entry `prompt` starts with that leaves it at least one token to feed (the
         step that samples its first output needs one), marked as used."""
-        if not self._used:
-            return None
-        most = (len(prompt) - 1) // self.page_size
-        for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most)))):
-            for entry in self._buckets.get((pages, h), ()):  # longest first
-                n = len(entry.tokens)
-                if n < len(prompt) and list(entry.tokens) == list(prompt[:n]):
-                    self._used[entry] = next(self._clock)
-                    self._proven.add(entry)
-                    return entry
-        return None
+        entry = self._find(prompt, self.prompt_keys(prompt)) if self._used else None
+        if entry is not None:
+            self._used[entry] = next(self._clock)
+            self._proven.add(entry)
+        return entry
+
+    def longest(self, prompt: Sequence[int], keys: list[tuple[int, int]]) -> int:
+        """How many tokens of `prompt` match() would reuse now (nothing marked); `keys`: prompt_keys(prompt)."""
+        entry = self._find(prompt, keys)
+        return len(entry.tokens) if entry is not None else 0
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether an entry holds exactly `tokens`."""

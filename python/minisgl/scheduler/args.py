@@ -8,6 +8,7 @@ import torch
 
 from minisgl.arg_field import arg
 
+SCHEDULE_POLICIES = ("fcfs", "lpm")  # SGLang's names (its other policies are not built)
 # Set to 1 to run every step synchronously even where the device is asynchronous.
 DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
 
@@ -16,10 +17,16 @@ DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
 class SchedulerArgs:
     max_prefill_tokens: int = arg(16384, "max prompt tokens of all requests per step (each request's chunk is at "
                                          "most --chunked-prefill-size)")
+    schedule_policy: str = arg(
+        "fcfs", "which waiting request is admitted next: fcfs (first come, first served) or lpm (the longest prefix "
+                "the cache holds first while at most 128 wait: an agent's next call takes its finished call over "
+                "before other admissions evict it, at the cost of first come, first served)", SCHEDULE_POLICIES)
 
     def __post_init__(self) -> None:
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {self.schedule_policy!r}")
 
 
 def overlap_enabled(device: torch.device) -> bool:

@@ -52,3 +52,16 @@ class RequestScheduler(Protocol):
 
     def close(self) -> None:
         """Release what the scheduler started (worker processes, sockets); safe to call twice."""
+
+
+def run_to_end(sched: RequestScheduler, reqs: list[GenerateRequest]) -> dict[str, list[RequestOutput]]:
+    """Queue `reqs` and step until nothing is left: every request's outputs, in order, by rid; the
+    pools are then checked (the driver loop above, for scripts and tests)."""
+    for req in reqs:
+        sched.add_request(req)
+    outs: dict[str, list[RequestOutput]] = {req.rid: [] for req in reqs}
+    while sched.has_work:
+        for out in sched.step():
+            outs[out.rid].append(out)
+    sched.check_integrity()
+    return outs

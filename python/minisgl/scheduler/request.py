@@ -18,6 +18,7 @@ class Request:
     generator: torch.Generator | None = None
     stop_checker: StopChecker | None = None
     chat_turn: bool = False  # GenerateRequest.chat_turn
+    prefix_keys: list[tuple[int, int]] = field(default_factory=list)  # the cache's keys of its prompt (lpm)
     output_ids: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0  # tokens fed to the model: their KV/state is written (or queued on the device)

@@ -125,6 +125,20 @@ def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
     r.slot, r.num_cached, r.num_computed, r.checkpoints = a.slot, a.cached, a.cached, a.checkpoints
 
 
+# --schedule-policy lpm orders at most this many waiting requests (SGLang's bound): beyond it the
+# prefix lookups of every step would cost the host more than the reuse saves.
+LPM_WINDOW = 128
+
+
+def order_by_cached_prefix(waiting: deque[Request], cached_len: Callable[[Request], int]) -> None:
+    """--schedule-policy lpm: the waiting requests with the longest cached prefix first, first come
+    first served among equals, while at most LPM_WINDOW wait."""
+    if 1 < len(waiting) <= LPM_WINDOW:
+        ordered = sorted(waiting, key=lambda r: -cached_len(r))  # stable: arrival order among equals
+        waiting.clear()
+        waiting.extend(ordered)
+
+
 def reserve_tokens(r: Request, max_seq_len: int) -> int:
     """Pages are reserved at admission for the worst case, so a running request never runs out."""
     return min(len(r.prompt_ids) + r.params.max_tokens, max_seq_len)

@@ -37,7 +37,8 @@ from minisgl.scheduler.messages import (
 )
 from minisgl.scheduler.logprobs import LogprobTensors, compute_logprobs, to_entries
 from minisgl.scheduler.request import Request
-from minisgl.scheduler.rules import abort_request, check_finish, new_request, plan_batch, take_outputs, validate_request
+from minisgl.scheduler.rules import (abort_request, check_finish, new_request, order_by_cached_prefix, plan_batch,
+                                     take_outputs, validate_request)
 from minisgl.scheduler.stop import DecoderFactory
 
 
@@ -67,6 +68,7 @@ class Scheduler:
         self.max_seq_len = engine.max_seq_len
         self.chunk_size = engine.plan.args.chunked_prefill_size
         self.prefill_budget = args.max_prefill_tokens
+        self.lpm = args.schedule_policy == "lpm" and engine.pool.cfg.prefix_cache
         self.per_request = engine.plan.args.prefill_tokens_per_request
         self.overlap = overlap_enabled(engine.device) if overlap is None else overlap
         self.eos = frozenset(engine.config.eos_token_ids)
@@ -106,6 +108,8 @@ class Scheduler:
         self.waiting.append(r)
         if r.prompt_logprobs is None:
             self.pool.note_prompt(r.prompt_ids)
+            if self.lpm:
+                r.prefix_keys = self.pool.prompt_keys(r.prompt_ids)
 
     def abort(self, rid: str) -> None:
         r = self._reqs.get(rid)
@@ -160,6 +164,8 @@ class Scheduler:
         return outputs
 
     def _schedule(self) -> list[tuple[Request, int]]:
+        if self.lpm:
+            order_by_cached_prefix(self.waiting, lambda r: self.pool.cached_len(r.prompt_ids, r.prefix_keys))
         return plan_batch(self.running, self.waiting, self.pool, self.max_seq_len, self.chunk_size, self.prefill_budget,
                           self.per_request)
 
