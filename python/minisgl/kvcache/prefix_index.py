@@ -69,10 +69,10 @@ class PrefixIndex:
         self.page_size = page_size
         self._buckets: dict[tuple[int, int], list[PrefixEntry]] = {}
         self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
-        self._proven: set[PrefixEntry] = set()  # shared prefixes that prompts share (see insert)
+        self._proven: set[PrefixEntry] = set()  # prefixes cached where prompts branch, or reused (see insert)
         self._clock = itertools.count()
         self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
-        # key -> (distinct next pages, {what prompts that end there have after it (less than a page): how many})
+        # key -> [distinct next pages, {what prompts that end within the next page have there: how many}]
         self._seen: OrderedDict[tuple[int, int], list] = OrderedDict()
 
     def __len__(self) -> int:
