@@ -197,7 +197,8 @@ def main() -> None:
                 print(f"{row.name}: failed {result['failed']}, out {result['output_throughput']:.0f} tok/s, "
                       f"total {result['total_throughput']:.0f} tok/s, TTFT med {result['median_ttft_ms']:.0f} ms, "
                       f"ITL med {result['median_itl_ms']:.1f} P99 {result['p99_itl_ms']:.1f} ms, "
-                      f"compiles {result['compiles_during']}", flush=True)
+                      f"cached {result['total_cached_tokens']} of {result['total_input_tokens']} prompt tokens, "
+                      f"duration {result['duration']:.1f} s, compiles {result['compiles_during']}", flush=True)
             report["compiles_after_ready"] = _server_info(base)["stats"]["compiles"] - info["stats"]["compiles"]
         finally:
             os.killpg(proc.pid, signal.SIGINT)
