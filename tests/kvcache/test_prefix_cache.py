@@ -76,7 +76,7 @@ def test_a_conversation_s_next_turn_is_no_branch() -> None:
 
 def test_an_unshared_prefix_evicts_no_shared_one() -> None:
     """A prefix where prompts branch is proven; a chat turn's tail (cached for a next turn) is not
-    until a prompt reuses it, and goes first."""
+    until a second prompt reuses it, and goes first."""
     index = PrefixIndex(PS)
     system = [7] * 8
     shared, tail = _entry(system, 1), _entry(system + [1] * 4, 2)
@@ -85,8 +85,21 @@ def test_an_unshared_prefix_evicts_no_shared_one() -> None:
     assert not index.evictable(proven=False) and index.pop_least_recent(proven=False) is None
     reused = _entry(system + [2] * 4, 3)
     index.insert(reused)
-    assert index.match(system + [2] * 5) is reused and not index.evictable(proven=False)
+    for _ in range(2):
+        assert index.match(system + [2] * 5) is reused
+    assert not index.evictable(proven=False)
     assert index.pop_least_recent() is shared and index.pop_least_recent() is reused
+
+
+def test_a_tail_its_next_turn_took_goes_before_one_waiting_for_its_own() -> None:
+    """A chat tail that one prompt reused (its conversation's next turn, which caches a tail of its
+    own) is evicted before a tail whose next turn has not come, however recently either was used."""
+    index = PrefixIndex(PS)
+    waiting, taken = _entry([5] * 8, 1), _entry([6] * 8, 2)
+    assert index.insert(waiting) and index.insert(taken)
+    assert index.match([6] * 9) is taken and index.taken_once(taken) and not index.taken_once(waiting)
+    assert index.pop_least_recent(proven=False) is taken
+    assert index.pop_least_recent(proven=False) is waiting
 
 
 def test_parked_sequences_match_exactly_and_go_to_one_taker() -> None:
@@ -108,11 +121,11 @@ def test_parked_sequences_match_exactly_and_go_to_one_taker() -> None:
 def test_index_evicts_least_recently_used_parked_first() -> None:
     index = PrefixIndex(PS)
     for slot, first in enumerate((10, 20, 30), start=1):
-        index.insert(_entry([first] * 4, slot))
+        index.insert(_entry([first] * 4, slot), proven=True)
     index.match([10] * 5)  # a hit makes it recent
     assert [index.pop_least_recent().slot for _ in range(3)] == [2, 3, 1]
     assert index.pop_least_recent() is None
-    index.insert(_entry([40] * 4, 4))
+    index.insert(_entry([40] * 4, 4), proven=True)
     index.insert(PrefixEntry((50, 51), (9,), 5, parked=True))
     index.insert(PrefixEntry((60, 61), (8,), 6, parked=True))
     assert [index.pop_least_recent().slot for _ in range(3)] == [5, 6, 4]  # parked sequences first
@@ -168,6 +181,32 @@ def test_only_a_prompt_that_begins_as_another_stops_early() -> None:
     alloc.note_prompt([7] * 4)  # a page long: no first page to share (it must leave a token to feed)
     alloc.note_prompt([7] * 4)
     assert alloc.admit([7] * 4, 8, reuse=True).checkpoints == ()
+
+
+
+def test_a_chat_turn_does_not_stop_where_it_parts_from_the_turn_it_continues() -> None:
+    """Each turn of a conversation re-renders the last one's end: the last generation prompt
+    (three tokens here) keeps one. A turn that reused its last turn's tail parts from that turn
+    there; a stop at the page boundary before it would cache what no prompt reuses (the next
+    turn reuses this one's tail). It stops only at its own tail."""
+    alloc = PoolAllocator(max_running=4, total_pages=64, page_size=PS, max_seq_len=160, prefix_cache=True)
+    generation = [900, 901, 902]
+    prompt = list(range(10, 26)) + generation  # a system prompt and a question: 19 tokens
+    tails = []
+    for turn in range(4):
+        alloc.note_prompt(prompt)
+        admitted = alloc.admit(prompt, len(prompt) + 8, reuse=True, chat_turn=True)
+        tail = (len(prompt) - CHECKPOINT_TAIL) // PS * PS
+        if turn >= 2:  # reused the last turn's tail, the first to: stops at its own only
+            assert admitted.cached == tails[-1] and admitted.checkpoints == (tail,)
+        alloc.ensure_tokens(admitted.slot, len(prompt))
+        for at in admitted.checkpoints:
+            alloc.cache_prefix(admitted.slot, prompt[:at])
+        alloc.free(admitted.slot)
+        alloc.check_integrity()
+        tails.append(tail)
+        answer = [500 + turn] * 20
+        prompt = prompt[:-1] + answer + [999] + [600 + turn] * 6 + generation
 
 
 def test_no_reuse_where_asked_not_to_or_without_the_cache() -> None:

@@ -144,7 +144,8 @@ class PoolAllocator:
         # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
         # that continues it: stopping its prefill for a shared prefix would only cost a step.
         continues = entry is not None and entry.parked
-        points = self._checkpoints(prompt, cached, chat_turn) if reuse and not continues else {}
+        follows = entry is not None and self.cache.taken_once(entry)
+        points = self._checkpoints(prompt, cached, chat_turn, follows) if reuse and not continues else {}
         if points:
             self._expects[slot] = {self.cache.expect(prompt[:at]): shared for at, shared in points.items()}
         return Admission(slot, cached, tuple(sorted(points))), entry
@@ -182,7 +183,8 @@ class PoolAllocator:
             self._expects.pop(slot, None)
         return shared
 
-    def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool) -> dict[int, bool]:
+    def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool,
+                     follows: bool = False) -> dict[int, bool]:
         """Where a new request's prefill should stop so prefixes of it can be cached (and whether
         recent prompts branch there), past what it reused, while a slot could hold an entry; only
         for a prompt that reused a prefix or shares whole pages with another recent prompt that goes
@@ -191,13 +193,19 @@ class PoolAllocator:
           with, cached by the second of them), no later than the tail below;
         - for a chat turn, also the last page boundary at least CHECKPOINT_TAIL tokens before its
           end (the tail): the prefix the next turn of its conversation starts with. Other prompts
-          do not stop there: raw prompts that continue a finished one do so exactly (parked)."""
+          do not stop there: raw prompts that continue a finished one do so exactly (parked).
+        `follows`: what it reused is a chat turn's tail it was the first to reuse, so most likely it
+        is that turn's next one. It parts from that turn where the template re-rendered its end,
+        fewer than page_size + CHECKPOINT_TAIL tokens past the tail: a branch there is no prefix
+        another prompt will reuse (the turn after this one reuses this one's tail)."""
         if self.cache is None or not (self._free_slots or self.cached_prefixes):
             return {}
         shared = self.cache.shared_pages(prompt) * self.page_size
         if not (shared or cached):
             return {}
         tail = (len(prompt) - CHECKPOINT_TAIL) // self.page_size * self.page_size
+        if follows and shared < cached + self.page_size + CHECKPOINT_TAIL:
+            shared = 0
         points = {min(shared, tail): True} if shared else {}
         if chat_turn and (self._free_slots or self.cache.evictable(proven=False)):  # a tail evicts no shared prefix
             points.setdefault(tail, False)

@@ -69,7 +69,8 @@ class PrefixIndex:
         self.page_size = page_size
         self._buckets: dict[tuple[int, int], list[PrefixEntry]] = {}
         self._used: dict[PrefixEntry, int] = {}  # entry -> clock of its insert or last hit
-        self._proven: set[PrefixEntry] = set()  # prefixes cached where prompts branch, or reused (see insert)
+        self._proven: set[PrefixEntry] = set()  # prefixes cached where prompts branch, or reused twice (insert)
+        self._taken_once: set[PrefixEntry] = set()  # unproven prefixes one prompt has reused
         self._clock = itertools.count()
         self._expected: dict[tuple[int, int], int] = {}  # key -> running requests about to cache it
         # key -> [distinct next pages, {what prompts that end within the next page have there: how many}]
@@ -109,8 +110,17 @@ class PrefixIndex:
         entry = self._find(prompt, self.prompt_keys(prompt)) if self._used else None
         if entry is not None:
             self._used[entry] = next(self._clock)
-            self._proven.add(entry)
+            if entry in self._taken_once:
+                self._taken_once.remove(entry)
+                self._proven.add(entry)
+            elif entry not in self._proven and not entry.parked:
+                self._taken_once.add(entry)
         return entry
+
+    def taken_once(self, entry: PrefixEntry) -> bool:
+        """Whether `entry` is an unproven prefix (a chat turn's tail) that one prompt has reused: most
+        likely its conversation's next turn, which goes on to cache a tail of its own."""
+        return entry in self._taken_once
 
     def longest(self, prompt: Sequence[int], keys: list[tuple[int, int]]) -> int:
         """How many tokens of `prompt` match() would reuse now (nothing marked); `keys`: prompt_keys(prompt)."""
@@ -124,7 +134,8 @@ class PrefixIndex:
     def insert(self, entry: PrefixEntry, proven: bool = False) -> bool:
         """Index `entry`; False (and nothing changed) where the same tokens are cached already. A
         prefix where recent prompts branch is `proven` from the start; one cached for a next turn
-        that may not come (a chat turn's tail), once a prompt reuses it."""
+        that may not come (a chat turn's tail), once a second prompt reuses it: the first is most
+        likely the next turn, which caches a tail of its own and leaves this one behind."""
         pages, rest = divmod(len(entry.tokens), self.page_size)
         if not entry.tokens or (rest and not entry.parked):
             raise ValueError(f"a shared prefix holds whole pages, not {len(entry.tokens)} tokens")
@@ -200,20 +211,21 @@ class PrefixIndex:
             del self._buckets[key]
         del self._used[entry]
         self._proven.discard(entry)
+        self._taken_once.discard(entry)
 
     def evictable(self, proven: bool) -> bool:
         """Whether pop_least_recent(proven) would find an entry."""
         return len(self._used) > (0 if proven else len(self._proven))
 
     def pop_least_recent(self, proven: bool = True) -> PrefixEntry | None:
-        """The entry to evict: the least recently used parked sequence, else the least recently used
-        prefix no prompt has shared yet, else (where `proven` allows) the least recently used one
-        prompts share. A parked sequence serves one continuation and an unproven prefix perhaps one,
-        a proven one every prompt that starts with it (as a radix tree evicts its leaves before the
-        prefixes they extend); a prompt's tail cached for its next turn evicts no proven prefix."""
-        parked = [e for e in self._used if e.parked]
-        unproven = parked or [e for e in self._used if e not in self._proven]
-        pool = unproven or (list(self._used) if proven else [])
+        """The entry to evict, least recently used first within the first of these kinds that has one:
+        parked sequences; unproven prefixes one prompt has reused (a chat tail its next turn has
+        left behind); unproven ones no prompt has (a tail waiting for its next turn); where `proven`
+        allows, those prompts share. A parked sequence serves one continuation and an unproven
+        prefix perhaps one, a proven one every prompt that starts with it (as a radix tree evicts
+        its leaves before the prefixes they extend); a tail evicts no proven prefix."""
+        pool = ([e for e in self._used if e.parked] or list(self._taken_once)
+                or [e for e in self._used if e not in self._proven] or (list(self._used) if proven else []))
         if not pool:
             return None
         entry = min(pool, key=self._used.__getitem__)
