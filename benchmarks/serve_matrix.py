@@ -44,6 +44,7 @@ class Row:
     shared_len: int = 0  # ... whose prompts share their first shared_len of input_len tokens
     turns: int = 0  # > 0: agent conversations (num_prompts of them) of this many turns, first prompts of
     tool_len: int = 0  # input_len tokens, each next one the last prompt, its answer and tool_len tokens
+    chat: bool = False  # ... held as messages through /v1/chat/completions (the chat template renders them)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ MATRICES = {
         Row("Shared prefix 64x16 2048+128/256", 2176, 256, 1024, 256, groups=64, shared_len=2048),
         Row("Random 2176/256 x1024", 2176, 256, 1024, 256),  # the same sizes sharing nothing: the cost
         Row("Agent 64x6 turns 4096+512/256 c=32", 4096, 256, 64, 32, turns=6, tool_len=512),
+        Row("Chat 64x6 turns 4096+512/256 c=32", 4096, 256, 64, 32, turns=6, tool_len=512, chat=True),
     )),
     "smoke": Matrix(None, False, ("--device", "cpu", "--context-length", "256"), (
         Row("first request after ready", 16, 8, 1, 1),
@@ -90,6 +92,7 @@ MATRICES = {
         Row("Shared prefix 8x8 512+96/8 c=4", 608, 8, 64, 4, groups=8, shared_len=512),
         Row("Random 608/8 c=4", 608, 8, 64, 4),
         Row("Agent 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64),
+        Row("Chat 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64, chat=True),
         # A chat service's one system prompt at more streams than slots (run with
         # `-- --max-running-requests 4`): every running slot is busy, so only the cache's keep it.
         Row("One system prompt 1x32 512+96/8 c=8", 608, 8, 32, 8, groups=1, shared_len=512),
@@ -136,8 +139,9 @@ def run_row(base: str, model: str, tokenizer, row: Row, seed: int) -> dict:
     before = _server_info(base)["stats"]["compiles"]
     cfg = serve.ServeConfig(base, model, float("inf"), row.concurrency, True, seed)
     if row.turns:
-        results, duration, extra = serve.run_agents(cfg, tokenizer, row.num_prompts, row.input_len, row.turns,
-                                                    row.tool_len, row.output_len, progress=False)
+        talks = serve.run_chats if row.chat else serve.run_agents
+        results, duration, extra = talks(cfg, tokenizer, row.num_prompts, row.input_len, row.turns, row.tool_len,
+                                         row.output_len, progress=False)
     else:
         results, duration = asyncio.run(serve.run(cfg, _row_requests(tokenizer, row, seed), progress=False))
         extra = {}

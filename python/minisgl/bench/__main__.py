@@ -40,8 +40,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                        help=f"generated-shared-prefix: {what} (default: %(default)s)")
     for flag, default, what in (("conversations", 16, "conversations"), ("turns", 4, "turns a conversation"),
                                 ("first-len", 1024, "tokens of a conversation's first prompt"),
-                                ("tool-len", 128, "random tokens (a tool's result) added after each answer")):
-        p.add_argument(f"--agent-{flag}", type=int, default=default, help=f"agent-turns: {what} (default: %(default)s)")
+                                ("tool-len", 128, "random tokens (a tool's result; chat-turns: the next user message) added after "
+                                             "each answer")):
+        p.add_argument(f"--agent-{flag}", type=int, default=default,
+                       help=f"agent-turns and chat-turns: {what} (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=100,
                    help="requests to send (default: %(default)s; generated-shared-prefix sends groups x prompts "
                         "per group)")
@@ -84,10 +86,10 @@ def _serve(ns: argparse.Namespace) -> None:
     cfg = serve.ServeConfig(base, ns.model or model, ns.request_rate, ns.max_concurrency, not ns.disable_ignore_eos,
                             ns.seed)
     extra: dict = {}
-    if ns.dataset_name == "agent-turns":
-        results, duration, extra = serve.run_agents(cfg, tokenizer, ns.agent_conversations, ns.agent_first_len,
-                                                    ns.agent_turns, ns.agent_tool_len, ns.output_len,
-                                                    progress=not ns.disable_tqdm)
+    if ns.dataset_name in ("agent-turns", "chat-turns"):
+        talks = serve.run_agents if ns.dataset_name == "agent-turns" else serve.run_chats
+        results, duration, extra = talks(cfg, tokenizer, ns.agent_conversations, ns.agent_first_len, ns.agent_turns,
+                                         ns.agent_tool_len, ns.output_len, progress=not ns.disable_tqdm)
     else:
         results, duration = asyncio.run(serve.run(cfg, _requests(ns, tokenizer, ns.seed), progress=not ns.disable_tqdm))
     figures = {**summarize(results, duration, ns.request_rate, ns.max_concurrency), **extra}
@@ -106,8 +108,8 @@ def _offline(ns: argparse.Namespace) -> None:
     from minisgl.server.cli_args import engine_args_from
     from minisgl.startup_checks import check_startup
 
-    if ns.dataset_name == "agent-turns":
-        raise ValueError("--dataset-name agent-turns needs a server: use `serve`")
+    if ns.dataset_name in ("agent-turns", "chat-turns"):
+        raise ValueError(f"--dataset-name {ns.dataset_name} needs a server: use `serve`")
     args = engine_args_from(ns)
     check_startup(args.device, args.model_path, args.load_format)
     llm = LLM(**dataclasses.asdict(args))

@@ -14,7 +14,11 @@
 - agent-turns (serve only): --agent-conversations conversations of --agent-turns turns; the first
   prompt is --agent-first-len random tokens, each later one the last prompt, its answer (as token
   ids) and --agent-tool-len random tokens, a tool's result: an agent's loop, which the prefix cache
-  serves from what the last turn fed.
+  serves from what the last turn fed;
+- chat-turns (serve only): the same conversations through /v1/chat/completions, as a chat client
+  holds them: a first user message of random text (about --agent-first-len tokens), each answer's
+  content sent back as the assistant's message and a next user message (about --agent-tool-len
+  tokens); the server renders its chat template, which re-renders the last turn's end.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-DATASETS = ("random", "sharegpt", "generated-shared-prefix", "agent-turns")
+DATASETS = ("random", "sharegpt", "generated-shared-prefix", "agent-turns", "chat-turns")
 MIN_LEN = 4  # shorter prompts or answers say little about serving
 DEFAULT_PROMPT_LIMIT, DEFAULT_TOTAL_LIMIT = 1024, 2048
 

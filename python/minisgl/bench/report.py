@@ -18,6 +18,7 @@ class RequestResult:
     error: str = ""
     cached_len: int = 0  # prompt tokens the server's prefix cache served (its usage's cached_tokens)
     output_ids: tuple[int, ...] = ()  # the output's token ids, where asked for (agent conversations)
+    output_text: str = ""  # the answer's content (chat conversations send it back)
 
 
 STATS = ("mean", "median", "std", "p90", "p95", "p99")

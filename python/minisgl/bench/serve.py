@@ -14,7 +14,7 @@ import json
 import random
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence, TypeVar
 
 import aiohttp
 import httpx
@@ -46,39 +46,59 @@ async def _one(client: aiohttp.ClientSession, cfg: ServeConfig, req: BenchReques
     body = {"model": cfg.model, "prompt": list(req.prompt_ids), "max_tokens": req.output_len, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos,
             **({"return_token_ids": True} if want_ids else {})}
+    return await _stream(client, cfg.base_url + "/v1/completions", body, len(req.prompt_ids))
+
+
+def _piece(choice: dict) -> tuple[str, str]:
+    """(the text a streamed choice carries, the part of it an answer's content is): a completion's
+    text, or a chat delta's content or reasoning (SGLang's and vLLM's reasoning parsers' names)."""
+    if "text" in choice:
+        return choice["text"] or "", choice["text"] or ""
+    delta = choice.get("delta") or {}
+    content = delta.get("content") or ""
+    return content or delta.get("reasoning_content") or delta.get("reasoning") or "", content
+
+
+async def _stream(client: aiohttp.ClientSession, url: str, body: dict, prompt_len: int) -> RequestResult:
+    """POST a streamed request and time its chunks; the prompt's length from the usage where it says."""
     start = time.perf_counter()
     stamps: list[float] = []
     output_len = cached = 0
     output_ids: list[int] = []
+    content: list[str] = []
     try:
-        async with client.post(cfg.base_url + "/v1/completions", json=body) as r:
+        async with client.post(url, json=body) as r:
             if r.status != 200:
-                return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), (await r.text())[:500])
+                return RequestResult(False, prompt_len, 0, 0.0, 0.0, (), (await r.text())[:500])
             async for raw in r.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
                 if "error" in chunk:
-                    return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), str(chunk["error"]))
+                    return RequestResult(False, prompt_len, 0, 0.0, 0.0, (), str(chunk["error"]))
                 if chunk.get("usage"):
                     output_len = chunk["usage"]["completion_tokens"]
+                    prompt_len = chunk["usage"].get("prompt_tokens", prompt_len)
                     cached = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                 if chunk.get("choices"):
                     output_ids.extend(chunk["choices"][0].get("token_ids") or ())
-                    if chunk["choices"][0].get("text"):
+                    text, said = _piece(chunk["choices"][0])
+                    content.append(said)
+                    if text:
                         stamps.append(time.perf_counter())
     except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        return RequestResult(False, len(req.prompt_ids), 0, 0.0, 0.0, (), f"{type(e).__name__}: {e}")
+        return RequestResult(False, prompt_len, 0, 0.0, 0.0, (), f"{type(e).__name__}: {e}")
     latency = time.perf_counter() - start
     if not stamps:
-        return RequestResult(False, len(req.prompt_ids), output_len, latency, latency, (), "no tokens streamed")
+        return RequestResult(False, prompt_len, output_len, latency, latency, (), "no tokens streamed")
     itl = tuple(b - a for a, b in zip(stamps, stamps[1:]))
-    return RequestResult(True, len(req.prompt_ids), output_len, latency, stamps[0] - start, itl, cached_len=cached,
-                         output_ids=tuple(output_ids))
+    return RequestResult(True, prompt_len, output_len, latency, stamps[0] - start, itl, cached_len=cached,
+                         output_ids=tuple(output_ids), output_text="".join(content))
 
 
-Work = Callable[[aiohttp.ClientSession, BenchRequest], Awaitable[list[RequestResult]]]
+T = TypeVar("T")
+Work = Callable[[aiohttp.ClientSession, T], Awaitable[list[RequestResult]]]
 
 
 async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True) -> tuple[list[RequestResult], float]:
@@ -90,44 +110,78 @@ async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True)
     return await _drive(cfg, reqs, one, progress)
 
 
-async def run_conversations(cfg: ServeConfig, firsts: list[BenchRequest], turns: int, tool_len: int, vocab: list[int],
-                            progress: bool = True) -> tuple[list[list[RequestResult]], float]:
-    """Agent conversations: each sends its first prompt, then `turns` - 1 more, each the last
-    prompt, the answer's token ids and `tool_len` random tokens (a tool's result), one after the
-    other; at most max_concurrency conversations at once. -> (each conversation's results by turn,
-    wall-clock duration)."""
-    rng = random.Random(cfg.seed)
+async def _talks(cfg: ServeConfig, firsts: Sequence[T], turns: int, send: Callable[[aiohttp.ClientSession, T], Awaitable[RequestResult]],
+                 follow: Callable[[T, RequestResult], T], progress: bool) -> tuple[list[list[RequestResult]], float]:
+    """Conversations: each sends its first item, then `turns` - 1 more, each what `follow` makes of
+    the last one and its result, one after the other; at most max_concurrency conversations at
+    once. -> (each conversation's results by turn, wall-clock duration)."""
     by_first: dict[int, list[RequestResult]] = {}
 
-    async def talk(client: aiohttp.ClientSession, req: BenchRequest) -> list[RequestResult]:
+    async def talk(client: aiohttp.ClientSession, item: T) -> list[RequestResult]:
         results = []
         for turn in range(turns):
-            res = await _one(client, cfg, req, want_ids=True)
+            res = await send(client, item)
             results.append(res)
             if not res.ok or turn == turns - 1:
                 break
-            if len(res.output_ids) != res.output_len:
-                raise ValueError("the server sent no token ids (vLLM's return_token_ids): the next turn needs them")
-            req = BenchRequest(req.prompt_ids + res.output_ids + tuple(rng.choices(vocab, k=tool_len)), req.output_len)
+            item = follow(item, res)
         return results
 
     _, duration = await _drive(cfg, firsts, talk, progress, by_first)
     return [by_first[i] for i in range(len(firsts))], duration
 
 
-def run_agents(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversations: int, first_len: int, turns: int,
-               tool_len: int, output_len: int, progress: bool = True) -> tuple[list[RequestResult], float, dict]:
-    """run_conversations on first prompts of random tokens: (every result, duration, the figures
-    only conversations have: each turn's TTFT)."""
+def _check(conversations: int, turns: int, first_len: int, tool_len: int, output_len: int) -> None:
     if min(conversations, turns, first_len, output_len) < 1 or tool_len < 0:
         raise ValueError("--agent-conversations, --agent-turns, --agent-first-len and --output-len must be >= 1, "
                          "--agent-tool-len >= 0")
+
+
+def run_agents(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversations: int, first_len: int, turns: int,
+               tool_len: int, output_len: int, progress: bool = True) -> tuple[list[RequestResult], float, dict]:
+    """Agent conversations through /v1/completions: each next prompt is the last one, its answer's
+    token ids and `tool_len` random tokens (a tool's result). -> (every result, duration, the
+    figures only conversations have: each turn's TTFT)."""
+    _check(conversations, turns, first_len, tool_len, output_len)
+    rng, vocab = random.Random(cfg.seed), plain_vocab(tokenizer)
+
+    def follow(req: BenchRequest, res: RequestResult) -> BenchRequest:
+        if len(res.output_ids) != res.output_len:
+            raise ValueError("the server sent no token ids (vLLM's return_token_ids): the next turn needs them")
+        return BenchRequest(req.prompt_ids + res.output_ids + tuple(rng.choices(vocab, k=tool_len)), req.output_len)
+
     firsts = random_requests(tokenizer, conversations, first_len, output_len, 1.0, cfg.seed)
-    talks, duration = asyncio.run(run_conversations(cfg, firsts, turns, tool_len, plain_vocab(tokenizer), progress))
+    talks, duration = asyncio.run(_talks(cfg, firsts, turns, lambda c, r: _one(c, cfg, r, want_ids=True), follow,
+                                         progress))
     return [r for talk in talks for r in talk], duration, {"turn_ttft_ms": turn_ttfts(talks)}
 
 
-async def _drive(cfg: ServeConfig, reqs: list[BenchRequest], work: Work, progress: bool,
+def run_chats(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversations: int, first_len: int, turns: int,
+              user_len: int, output_len: int, progress: bool = True) -> tuple[list[RequestResult], float, dict]:
+    """Chat conversations through /v1/chat/completions, held as a chat client holds them: messages
+    of text (a first user message of random text of about `first_len` tokens, each next one about
+    `user_len`), each answer's content sent back as the assistant's message; the server renders
+    its chat template. -> as run_agents."""
+    _check(conversations, turns, first_len, user_len, output_len)
+    rng, vocab = random.Random(cfg.seed), plain_vocab(tokenizer)
+
+    def text(n: int) -> str:
+        return tokenizer.decode(rng.choices(vocab, k=n))
+
+    def send(client: aiohttp.ClientSession, messages: list[dict]) -> Awaitable[RequestResult]:
+        body = {"model": cfg.model, "messages": messages, "max_tokens": output_len, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": cfg.ignore_eos}
+        return _stream(client, cfg.base_url + "/v1/chat/completions", body, 0)
+
+    def follow(messages: list[dict], res: RequestResult) -> list[dict]:
+        return [*messages, {"role": "assistant", "content": res.output_text}, {"role": "user", "content": text(user_len)}]
+
+    firsts = [[{"role": "user", "content": text(first_len)}] for _ in range(conversations)]
+    talks, duration = asyncio.run(_talks(cfg, firsts, turns, send, follow, progress))
+    return [r for talk in talks for r in talk], duration, {"turn_ttft_ms": turn_ttfts(talks)}
+
+
+async def _drive(cfg: ServeConfig, reqs: Sequence[T], work: Work, progress: bool,
                  by_item: dict[int, list[RequestResult]] | None = None) -> tuple[list[RequestResult], float]:
     """Run `work` on every item (a request, or a conversation's first), each holding one of
     max_concurrency slots while it runs, arriving at the request rate. -> (every result, in item
@@ -139,7 +193,7 @@ async def _drive(cfg: ServeConfig, reqs: list[BenchRequest], work: Work, progres
     connector = aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_EXPIRY)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as client:
 
-        async def guarded(i: int, req: BenchRequest) -> list[RequestResult]:
+        async def guarded(i: int, req: T) -> list[RequestResult]:
             async with slots:
                 res = await work(client, req)
             bar.update(1)
