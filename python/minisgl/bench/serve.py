@@ -165,8 +165,8 @@ def run_chats(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversation
     _check(conversations, turns, first_len, user_len, output_len)
     rng, vocab = random.Random(cfg.seed), plain_vocab(tokenizer)
 
-    def text(n: int) -> str:
-        return tokenizer.decode(rng.choices(vocab, k=n))
+    def text(n: int) -> str:  # random ids' text re-encodes to more tokens: n of those, as text
+        return tokenizer.decode(tokenizer.encode(tokenizer.decode(rng.choices(vocab, k=n)), add_special_tokens=False)[:n])
 
     def send(client: aiohttp.ClientSession, messages: list[dict]) -> Awaitable[RequestResult]:
         body = {"model": cfg.model, "messages": messages, "max_tokens": output_len, "temperature": 0.0,
