@@ -93,6 +93,7 @@ MATRICES = {
         Row("Random 608/8 c=4", 608, 8, 64, 4),
         Row("Agent 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64),
         Row("Chat 8x4 turns 512+64/16 c=4", 512, 16, 8, 4, turns=4, tool_len=64, chat=True),
+        Row("Chat 32x1 608/8 c=4", 608, 8, 32, 4, turns=1, chat=True),
         # A chat service's one system prompt at more streams than slots (run with
         # `-- --max-running-requests 4`): every running slot is busy, so only the cache's keep it.
         Row("One system prompt 1x32 512+96/8 c=8", 608, 8, 32, 8, groups=1, shared_len=512),

@@ -191,14 +191,15 @@ def test_a_chat_turn_does_not_stop_where_it_parts_from_the_turn_it_continues() -
     turn reuses this one's tail). It stops only at its own tail."""
     alloc = PoolAllocator(max_running=4, total_pages=64, page_size=PS, max_seq_len=160, prefix_cache=True)
     generation = [900, 901, 902]
-    prompt = list(range(10, 26)) + generation  # a system prompt and a question: 19 tokens
+    prompt = list(range(10, 40)) + generation  # a system prompt and a question: 33 tokens
     tails = []
     for turn in range(4):
         alloc.note_prompt(prompt)
         admitted = alloc.admit(prompt, len(prompt) + 8, reuse=True, chat_turn=True)
         tail = (len(prompt) - CHECKPOINT_TAIL) // PS * PS
-        if turn >= 2:  # reused the last turn's tail, the first to: stops at its own only
-            assert admitted.cached == tails[-1] and admitted.checkpoints == (tail,)
+        # The first turn stops at its tail, for the next turn; each later one reused the last
+        # turn's tail (the first to) and stops at its own only.
+        assert admitted.cached == (tails[-1] if tails else 0) and admitted.checkpoints == (tail,)
         alloc.ensure_tokens(admitted.slot, len(prompt))
         for at in admitted.checkpoints:
             alloc.cache_prefix(admitted.slot, prompt[:at])

@@ -187,8 +187,8 @@ class PoolAllocator:
                      follows: bool = False) -> dict[int, bool]:
         """Where a new request's prefill should stop so prefixes of it can be cached (and whether
         recent prompts branch there), past what it reused, while a slot could hold an entry; only
-        for a prompt that reused a prefix or shares whole pages with another recent prompt that goes
-        on differently (nothing suggests one like no other is shared):
+        for a chat turn, a prompt that reused a prefix, or one that shares whole pages with another
+        recent prompt that goes on differently (nothing suggests a raw prompt like no other is shared):
         - where it parts from that prompt (the end of a system prompt many users' prompts begin
           with, cached by the second of them), no later than the tail below;
         - for a chat turn, also the last page boundary at least CHECKPOINT_TAIL tokens before its
@@ -201,7 +201,7 @@ class PoolAllocator:
         if self.cache is None or not (self._free_slots or self.cached_prefixes):
             return {}
         shared = self.cache.shared_pages(prompt) * self.page_size
-        if not (shared or cached):
+        if not (shared or cached or chat_turn):
             return {}
         tail = (len(prompt) - CHECKPOINT_TAIL) // self.page_size * self.page_size
         if follows and shared < cached + self.page_size + CHECKPOINT_TAIL:
