@@ -1,5 +1,6 @@
 """`python -m minisgl.bench serve`: a dataset's prompts against an OpenAI-compatible /v1/completions
-(minisgl, SGLang or vLLM), streamed, at a request rate (Poisson arrivals) and/or a concurrency cap.
+(minisgl, SGLang or vLLM; chat conversations through /v1/chat/completions), streamed, at a request
+rate (Poisson arrivals) and/or a concurrency cap.
 Token counts come from the server's usage; timings from the arrival of streamed chunks.
 
 The streams are read with aiohttp, as SGLang's and vLLM's benchmark clients read them: a streamed
