@@ -210,3 +210,15 @@ def test_concurrency_cap_holds_and_results_keep_request_order(monkeypatch) -> No
     results, _ = asyncio.run(serve.run(cfg, reqs, progress=False))
     assert [r.output_len for r in results] == list(range(200))  # in request order
     assert live["peak"] == 40
+
+
+def test_streamed_pieces_time_reasoning_but_send_back_only_content() -> None:
+    """A chat answer's reasoning (SGLang's reasoning_content, vLLM's reasoning) is a streamed token to
+    time, but a chat client sends back only the content."""
+    from minisgl.bench.serve import _piece
+
+    assert _piece({"text": "ab"}) == ("ab", "ab")
+    assert _piece({"delta": {"content": "c"}}) == ("c", "c")
+    assert _piece({"delta": {"reasoning_content": "r", "content": None}}) == ("r", "")
+    assert _piece({"delta": {"reasoning": "r"}}) == ("r", "")
+    assert _piece({"delta": {"role": "assistant"}}) == ("", "")
