@@ -241,8 +241,9 @@ def test_lpm_admits_a_continuation_before_others_evict_what_it_continues(pair: t
     done = run_to_end(sched, [GenerateRequest("a", tuple(first), params)])["a"]
     answer = [t for o in done for t in o.new_token_ids]
     cont = first + answer + _ids(8, 61)
-    outs = run_to_end(sched, [GenerateRequest("b", tuple(_ids(40, 62)), params), GenerateRequest("c", tuple(_ids(40, 63)), params),
-                GenerateRequest("a2", tuple(cont), params)])
+    outs = run_to_end(sched, [GenerateRequest("b", tuple(_ids(40, 62)), params),
+                              GenerateRequest("c", tuple(_ids(40, 63)), params),
+                              GenerateRequest("a2", tuple(cont), params)])
     reused = outs["a2"][-1].num_cached_tokens
     assert reused == (len(first) + len(answer) - 1 if policy == "lpm" else 0)
 

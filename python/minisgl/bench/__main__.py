@@ -40,8 +40,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                        help=f"generated-shared-prefix: {what} (default: %(default)s)")
     for flag, default, what in (("conversations", 16, "conversations"), ("turns", 4, "turns a conversation"),
                                 ("first-len", 1024, "tokens of a conversation's first prompt"),
-                                ("tool-len", 128, "random tokens (a tool's result; chat-turns: the next user message) added after "
-                                             "each answer")):
+                                ("tool-len", 128, "random tokens (a tool's result; chat-turns: the next user "
+                                             "message) added after each answer")):
         p.add_argument(f"--agent-{flag}", type=int, default=default,
                        help=f"agent-turns and chat-turns: {what} (default: %(default)s)")
     p.add_argument("--num-prompts", type=int, default=100,

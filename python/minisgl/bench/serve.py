@@ -111,7 +111,8 @@ async def run(cfg: ServeConfig, reqs: list[BenchRequest], progress: bool = True)
     return await _drive(cfg, reqs, one, progress)
 
 
-async def _talks(cfg: ServeConfig, firsts: Sequence[T], turns: int, send: Callable[[aiohttp.ClientSession, T], Awaitable[RequestResult]],
+async def _talks(cfg: ServeConfig, firsts: Sequence[T], turns: int,
+                 send: Callable[[aiohttp.ClientSession, T], Awaitable[RequestResult]],
                  follow: Callable[[T, RequestResult], T], progress: bool) -> tuple[list[list[RequestResult]], float]:
     """Conversations: each sends its first item, then `turns` - 1 more, each what `follow` makes of
     the last one and its result, one after the other; at most max_concurrency conversations at
@@ -167,7 +168,8 @@ def run_chats(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversation
     rng, vocab = random.Random(cfg.seed), plain_vocab(tokenizer)
 
     def text(n: int) -> str:  # random ids' text re-encodes to more tokens: n of those, as text
-        return tokenizer.decode(tokenizer.encode(tokenizer.decode(rng.choices(vocab, k=n)), add_special_tokens=False)[:n])
+        ids = tokenizer.encode(tokenizer.decode(rng.choices(vocab, k=n)), add_special_tokens=False)
+        return tokenizer.decode(ids[:n])
 
     def send(client: aiohttp.ClientSession, messages: list[dict]) -> Awaitable[RequestResult]:
         body = {"model": cfg.model, "messages": messages, "max_tokens": output_len, "temperature": 0.0,
@@ -175,7 +177,8 @@ def run_chats(cfg: ServeConfig, tokenizer: PreTrainedTokenizerBase, conversation
         return _stream(client, cfg.base_url + "/v1/chat/completions", body, 0)
 
     def follow(messages: list[dict], res: RequestResult) -> list[dict]:
-        return [*messages, {"role": "assistant", "content": res.output_text}, {"role": "user", "content": text(user_len)}]
+        return [*messages, {"role": "assistant", "content": res.output_text},
+                {"role": "user", "content": text(user_len)}]
 
     firsts = [[{"role": "user", "content": text(first_len)}] for _ in range(conversations)]
     talks, duration = asyncio.run(_talks(cfg, firsts, turns, send, follow, progress))

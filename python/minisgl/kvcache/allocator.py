@@ -10,10 +10,11 @@ With the prefix cache, idle slots and pages keep what earlier requests fed (pref
 shared prefix (whole pages, and a slot with the recurrent state after them), whose pages a new
 request that starts with it borrows, with a copy of its state; or a finished request's parked
 sequence, whose slot and pages the one request that continues it takes over. Entries are
-evicted when a slot or a page is wanted (parked ones first, then prefixes no two prompts shared,
-then shared ones, least recently used first in each): pages held by entries alone count as
-available, so admission never waits on the cache. Running requests leave at least
-cache_slots slots to entries, so a shared prefix stays cached while every running slot is busy.
+evicted when a slot or a page is wanted (parked ones first, then chat tails their next turn has
+left behind, then tails waiting for theirs, then shared prefixes, least recently used first in
+each): pages held by entries alone count as available, so admission never waits on the cache.
+Running requests leave at least cache_slots slots to entries, so a shared prefix stays cached
+while every running slot is busy.
 """
 from __future__ import annotations
 

@@ -175,8 +175,8 @@ class PrefixIndex:
         begin with ends. 0 for a prompt that shares nothing with them (a random benchmark's) or
         only continues one (the next turn of a conversation, whose last turn it takes over): a
         prefill step to cache what no other prompt reuses would be lost. (A chat turn parts from
-        its last turn a few tokens before that one's end, where the template renders it anew: it
-        may stop there, once, for nothing.)"""
+        its last turn a few tokens before that one's end, where the template renders it anew; the
+        allocator does not stop there for a turn that reused that one's tail.)"""
         most = (len(prompt) - 1) // self.page_size
         for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most)))[1:]):
             node = self._seen.get((pages, h))

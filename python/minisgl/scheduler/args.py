@@ -26,7 +26,8 @@ class SchedulerArgs:
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, got {self.schedule_policy!r}")
+            raise ValueError(f"schedule_policy must be one of {', '.join(SCHEDULE_POLICIES)}, "
+                             f"got {self.schedule_policy!r}")
 
 
 def overlap_enabled(device: torch.device) -> bool:
