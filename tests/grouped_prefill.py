@@ -4,12 +4,14 @@ test (fla). Two steps: one of request groups, and one where two lone requests ru
 q, k and v written by the conv in the calls' order, their outputs put back in the step's)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from minisgl import forward_batch
 from minisgl.engine.engine import Engine
-from minisgl.forward_batch import ForwardBatch
+from minisgl.forward_batch import ForwardBatch, Snapshot
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.prefill_groups import Piece
 
@@ -49,7 +51,7 @@ def one_step(engine: Engine, step: str, decodes: int = 0, grouped: bool = True) 
         assert batch.leading_decodes == decodes
         if not grouped:  # the same step with its requests in one call
             mp.setattr(forward_batch, "prefill_calls",
-                       lambda lens, *bounds: [tuple(Piece(i, 0, n) for i, n in enumerate(lens))])
+                       lambda lens, *bounds, **cuts: [tuple(Piece(i, 0, n) for i, n in enumerate(lens))])
         logits = engine.model(batch, pool)
     slots = decoding + slots
     made = [[(p.request, p.offset, p.length) for p in call] for call in batch.prefill_requests.gdn_calls]
@@ -64,3 +66,69 @@ def grouped_against_whole(engine: Engine, step: str, decodes: int = 0) -> list[t
     requests' SSM and conv states (one_step)."""
     outs = [one_step(engine, step, decodes, grouped) for grouped in (True, False)]
     return [(what, rel_err(a, b)) for what, a, b in zip(("logits", "ssm state", "conv state"), *outs)]
+
+
+# A mixed step whose prompts leave snapshots (forward_batch.Snapshot): 2 decodes, then two lone
+# prompts that run as halves (a cut in a's first half, one in b's second), one alone, and a group of
+# a fresh prompt and a continued one (a prefix of 40 tokens). (request among the prompts, offset) of
+# each snapshot: cuts at multiples of fla's chunk from the step's start leave every request chunked
+# as when uncut (the rule's arithmetic unchanged); the others also cut closer to a prompt's start
+# than the conv's window.
+SNAPSHOT_LENGTHS = (3000, 2600, 1500, 150, 90)
+SNAPSHOT_PREFIX = (0, 0, 0, 0, 40)
+SNAPSHOT_CUTS = {
+    "aligned": ((0, 1024), (1, 1984), (3, 64), (4, 64)),
+    "anywhere": ((0, 1000), (1, 2000), (3, 2), (3, 100), (4, 1), (4, 64)),
+}
+
+
+def snapshots_against_stops(engine: Engine, cuts: str) -> list[tuple[str, float]]:
+    """(what, relative error): the step with SNAPSHOT_CUTS[cuts] against the same step without them
+    (its logits, and the requests' SSM and conv states after it), and each snapshot's SSM and conv
+    state against those of a request that stopped there (it ran the same tokens up to that point)."""
+    points = SNAPSHOT_CUTS[cuts]
+    gen = torch.Generator().manual_seed(12)
+    vocab = engine.config.vocab_size
+    prompts = [torch.randint(0, vocab, (p + n,), generator=gen).tolist()
+               for p, n in zip(SNAPSHOT_PREFIX, SNAPSHOT_LENGTHS)]
+    history = [torch.randint(0, vocab, (11,), generator=gen).tolist() for _ in range(2)]
+    cfg = replace(engine.pool_cfg, max_running_requests=2 * (len(history) + len(prompts) + len(points)))
+    pool = HybridPool(engine.layout, cfg, engine.dtype, engine.device)
+
+    def run(seqs: list[list[int]], prefix: list[int], slots: list[int], snapshots=()) -> torch.Tensor:  # noqa: ANN001
+        batch = ForwardBatch.build(seqs, prefix, slots, pool.page_table, pool.page_size, engine.device,
+                                   snapshots=snapshots)
+        return engine.model(batch, pool)
+
+    def prepared(n: int) -> int:
+        slot = pool.allocate(n + 1)
+        pool.ensure_tokens(slot, n + 1)
+        return slot
+
+    twins = [[prepared(11) for _ in history] + [prepared(len(p)) for p in prompts] for _ in range(2)]
+    kept = [prepared(1) for _ in points]
+    stopped = [prepared(SNAPSHOT_PREFIX[r] + at) for r, at in points]
+    with torch.inference_mode():
+        # What the decodes and the continued prompt cached, on every slot that continues them.
+        firsts = [(h[:10], s) for slots in twins for h, s in zip(history, slots)]
+        firsts += [(prompts[r][:SNAPSHOT_PREFIX[r]], s) for slots in twins for r, s in enumerate(slots[2:])
+                   if SNAPSHOT_PREFIX[r]]
+        firsts += [(prompts[r][:SNAPSHOT_PREFIX[r]], s) for (r, _), s in zip(points, stopped) if SNAPSHOT_PREFIX[r]]
+        run([t for t, _ in firsts], [0] * len(firsts), [s for _, s in firsts])
+        seqs = [h[10:] for h in history] + [p[SNAPSHOT_PREFIX[r]:] for r, p in enumerate(prompts)]
+        prefix = [10] * len(history) + list(SNAPSHOT_PREFIX)
+        snaps = [Snapshot(len(history) + r, at, s) for (r, at), s in zip(points, kept)]
+        outs = [run(seqs, prefix, slots, taken) for slots, taken in zip(twins, (snaps, ()))]
+        # The prefill that stopped at each cut (one a token long comes after longer ones, so that
+        # it is no decode).
+        order = sorted(range(len(points)), key=lambda i: -points[i][1])
+        run([prompts[points[i][0]][SNAPSHOT_PREFIX[points[i][0]]:][: points[i][1]] for i in order],
+            [SNAPSHOT_PREFIX[points[i][0]] for i in order], [stopped[i] for i in order])
+    state = pool.state
+    errors = [("logits", rel_err(*outs)),
+              ("ssm state", rel_err(state.ssm[:, twins[0]], state.ssm[:, twins[1]])),
+              ("conv state", rel_err(state.conv[:, twins[0]], state.conv[:, twins[1]]))]
+    for (r, at), k, s in zip(points, kept, stopped):
+        errors += [(f"snapshot {r}@{at} ssm", rel_err(state.ssm[:, k], state.ssm[:, s])),
+                   (f"snapshot {r}@{at} conv", rel_err(state.conv[:, k], state.conv[:, s]))]
+    return errors

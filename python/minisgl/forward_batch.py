@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 
@@ -42,16 +43,30 @@ class CallOrder:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """The prefix cache keeps request `request`'s recurrent state after the first `offset` tokens of
+    its extend (0 < offset < the extend) in state slot `slot`: the step writes it there as it passes
+    that point (gdn/prefill_states.py), so the prefill need not stop there for it."""
+
+    request: int
+    offset: int
+    slot: int
+
+
+@dataclass(frozen=True)
 class StateFlow:
     """Where a GDN chunked-rule call's recurrent states come from and go (host facts of the step):
     `fresh`, every piece starts its request (no cached prefix, first piece): zeros in, nothing read
     from the pool; `hand_on`, the next call continues exactly these requests in this order (a pair
     of halves): the final states go to it, not through the pool; `live`, the call's requests on a
-    real slot (the dummy slot 0 of the warm-up keeps its contents): whose final states the pool takes."""
+    real slot (the dummy slot 0 of the warm-up keeps its contents): whose final states the pool takes;
+    `snapshots`, (piece of the call, slot) for each piece that ends at a Snapshot: its final state
+    goes to that slot as well."""
 
     fresh: bool
     hand_on: bool
     live: tuple[int, ...]
+    snapshots: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +92,9 @@ class ForwardBatch:
     # The bound on a GDN group's tokens (prefill_groups.py) the engine measured its reserve with;
     # None: the module's.
     gdn_group_tokens: int | None = None
+    # States the prefix cache keeps from inside the step; a mixed step's prefill part holds them
+    # counted among its own requests.
+    snapshots: tuple[Snapshot, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -92,8 +110,12 @@ class ForwardBatch:
 
     @functools.cached_property
     def gdn_calls(self) -> list[tuple[Piece, ...]]:
-        """The GDN chunked rule's calls as pieces of the requests (prefill_groups.prefill_calls)."""
-        return prefill_calls(self.extend_lens, self.gdn_group_tokens)
+        """The GDN chunked rule's calls as pieces of the requests (prefill_groups.prefill_calls), cut
+        at the snapshots."""
+        cuts: dict[int, list[int]] = {}
+        for s in self.snapshots:
+            cuts.setdefault(s.request, []).append(s.offset)
+        return prefill_calls(self.extend_lens, self.gdn_group_tokens, cuts=cuts)
 
     @functools.cached_property
     def groups(self) -> tuple[RequestGroup, ...]:
@@ -136,7 +158,9 @@ class ForwardBatch:
                 q.request == p.request and q.offset == p.offset + p.length for p, q in zip(call, nxt))
             fresh = all(p.offset == 0 and self.prefix_lens[p.request] == 0 for p in call)
             live = tuple(j for j, p in enumerate(call) if self.slot_ids[p.request] != 0)
-            flows.append(StateFlow(fresh, hand_on, live))
+            snapshots = tuple((j, s.slot) for j, p in enumerate(call) for s in self.snapshots
+                              if s.request == p.request and s.offset == p.offset + p.length)
+            flows.append(StateFlow(fresh, hand_on, live, snapshots))
         return tuple(flows)
 
     def _whole(self, call: tuple[Piece, ...]) -> bool:
@@ -144,9 +168,10 @@ class ForwardBatch:
 
     @functools.cached_property
     def call_order(self) -> CallOrder | None:
-        """The calls' order of the tokens, None where it is the step's own (every call of whole
-        requests: they follow one another)."""
-        if all(self._whole(call) for call in self.gdn_calls):
+        """The calls' order of the tokens, None where it is the step's own (the pieces follow one
+        another: whole requests, or requests cut only at snapshots)."""
+        pieces = [(p.request, p.offset) for call in self.gdn_calls for p in call]
+        if pieces == sorted(pieces):
             return None
         runs = [(s, n) for g in self.groups for s, _, n in g.segments]
         sources = torch.cat([torch.arange(s, s + n) for s, n in runs])
@@ -169,12 +194,17 @@ class ForwardBatch:
         page_size: int,
         device: torch.device | str,
         gdn_group_tokens: int | None = None,
+        snapshots: Sequence[Snapshot] = (),
     ) -> "ForwardBatch":
         if not (len(tokens) == len(prefix_lens) == len(slots)) or not tokens:
             raise ValueError("a batch needs one token list, prefix length and slot per request, and >= 1 request")
         if any(len(t) == 0 for t in tokens):
             raise ValueError("every request in a batch must extend by at least one token")
         extend = [len(t) for t in tokens]
+        for s in snapshots:
+            if not (0 <= s.request < len(extend) and 0 < s.offset < extend[s.request] and s.slot > 0):
+                raise ValueError(f"{s} must name one of the batch's {len(extend)} requests, a point inside its "
+                                 f"extend and a real slot")
         flat = [tok for t in tokens for tok in t]
         positions = [p for start, n in zip(prefix_lens, extend) for p in range(start, start + n)]
         cu = [0]
@@ -186,8 +216,10 @@ class ForwardBatch:
         decodes = next((i for i, n in enumerate(extend) if n != 1), len(extend))
         if decodes == len(extend):  # a decode step: nothing to split
             decodes = 0
+        # A snapshot's request extends by at least 2 tokens: never one of the leading decodes.
         rest = ForwardBatch.build(tokens[decodes:], prefix_lens[decodes:], slots[decodes:], page_table, page_size,
-                                  device, gdn_group_tokens) if decodes else None
+                                  device, gdn_group_tokens,
+                                  [replace(s, request=s.request - decodes) for s in snapshots]) if decodes else None
         i64 = torch.int64
         pos_t = to_device(positions, i64, device)
         pages = page_table[to_device(token_rows, i64, device), pos_t // page_size].to(i64)
@@ -206,4 +238,5 @@ class ForwardBatch:
             leading_decodes=decodes,
             prefill_part=rest,
             gdn_group_tokens=gdn_group_tokens,
+            snapshots=tuple(snapshots),
         )

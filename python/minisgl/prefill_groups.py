@@ -17,11 +17,16 @@ another with a single sequence's heads over the SMs. Two such requests in a row 
 calls of both requests' halves (prefill_calls): the recurrence has both sequences' heads at once, as
 in one group of both, and no call holds more tokens than the bound or the longer request, the most a
 call of the groups could hold.
+
+A request whose state the prefix cache keeps at a point inside the step (a snapshot: the state after
+a prefix of it, ForwardBatch.snapshots) is cut there too: the call ends with the piece before the cut,
+whose final state is the snapshot, and the next call begins with the rest. A cut splits a call in
+two; it moves no token, so the calls' token order is the one the pieces had without it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 GROUP_TOKENS = 4096
 GROUP_REQUESTS = 16
@@ -67,10 +72,13 @@ def prefill_groups(extend_lens: Sequence[int], max_tokens: int | None = None,
 
 
 def prefill_calls(extend_lens: Sequence[int], max_tokens: int | None = None,
-                  max_requests: int | None = None) -> list[tuple[Piece, ...]]:
+                  max_requests: int | None = None,
+                  cuts: Mapping[int, Sequence[int]] | None = None) -> list[tuple[Piece, ...]]:
     """The chunked rule's calls in order, each a tuple of pieces of consecutive requests: the groups
     of prefill_groups, whole, except that two consecutive groups of one request each become two
-    calls of the two requests' halves (_halves). Every request's pieces come in order."""
+    calls of the two requests' halves (_halves), and each call split after the piece that ends at a
+    cut (`cuts`: request -> offsets into its extend, 0 < offset < its length). Every request's pieces
+    come in order."""
     max_tokens = GROUP_TOKENS if max_tokens is None else max_tokens
     groups = prefill_groups(extend_lens, max_tokens, max_requests)
     calls: list[tuple[Piece, ...]] = []
@@ -84,7 +92,27 @@ def prefill_calls(extend_lens: Sequence[int], max_tokens: int | None = None,
         start, end = groups[i]
         calls.append(tuple(Piece(r, 0, extend_lens[r]) for r in range(start, end)))
         i += 1
-    return calls
+    return _cut(calls, cuts or {}, extend_lens)
+
+
+def _cut(calls: list[tuple[Piece, ...]], cuts: Mapping[int, Sequence[int]],
+         extend_lens: Sequence[int]) -> list[tuple[Piece, ...]]:
+    """`calls` with each piece that spans a cut split there, the call ending after its first part."""
+    for request, offsets in cuts.items():
+        if not all(0 < at < extend_lens[request] for at in offsets):
+            raise ValueError(f"request {request}'s cuts {tuple(offsets)} must lie inside its {extend_lens[request]} tokens")
+    out: list[tuple[Piece, ...]] = []
+    for call in calls:
+        current: list[Piece] = []
+        for p in call:
+            at = p.offset
+            for c in sorted(cuts.get(p.request, ())):
+                if p.offset < c < p.offset + p.length:
+                    out.append((*current, Piece(p.request, at, c - at)))
+                    current, at = [], c
+            current.append(Piece(p.request, at, p.offset + p.length - at))
+        out.append(tuple(current))
+    return out
 
 
 def _halves(first: tuple[int, int], second: tuple[int, int], extend_lens: Sequence[int],

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from minisgl import LLM
-from minisgl.forward_batch import ForwardBatch
+from minisgl.forward_batch import ForwardBatch, Snapshot
 from minisgl.prefill_groups import GROUP_REQUESTS, GROUP_TOKENS, PAIR_MIN_TOKENS, PIECE_ALIGN, prefill_calls, prefill_groups
-from grouped_prefill import STEPS, grouped_against_whole, one_step, rel_err
+from grouped_prefill import STEPS, grouped_against_whole, one_step, rel_err, SNAPSHOT_CUTS, snapshots_against_stops
 from minisgl.gdn.torch_backend import TorchGDNBackend
 
 
@@ -62,6 +62,53 @@ def test_calls_cover_each_request_in_order_and_never_exceed_what_was_measured() 
     assert _pieces(prefill_calls([5000, PAIR_MIN_TOKENS - 1])) == [[(0, 0, 5000)], [(1, 0, PAIR_MIN_TOKENS - 1)]]
     assert _pieces(prefill_calls([5000, 3000, 1000])) == [[(0, 0, 5000)], [(1, 0, 3000), (2, 0, 1000)]]
     assert _pieces(prefill_calls([1024] * 8)) == [[(i, 0, 1024) for i in range(4)], [(i, 0, 1024) for i in range(4, 8)]]
+
+
+def test_cuts_end_calls_and_move_no_token() -> None:
+    """A snapshot's cut ends the call after the piece before it; the next call begins with the rest.
+    Cuts inside a pair of halves keep the halves' token order; cuts at a request's start or end, or
+    past it, are refused."""
+    lens = [3000, 2600, 1500, 150, 90]
+    cuts = {0: [1000], 1: [2000], 3: [100, 2], 4: [1, 64]}
+    assert _pieces(prefill_calls(lens, cuts=cuts)) == [
+        [(0, 0, 1000)], [(0, 1000, 472), (1, 0, 1280)], [(0, 1472, 1528), (1, 1280, 720)], [(1, 2000, 600)],
+        [(2, 0, 1500), (3, 0, 2)], [(3, 2, 98)], [(3, 100, 50), (4, 0, 1)], [(4, 1, 63)], [(4, 64, 26)]]
+    uncut = [p for call in prefill_calls(lens) for p in call]
+    merged = [(p.request, p.offset) for call in prefill_calls(lens, cuts=cuts) for p in call if p.offset not in (
+        1000, 2000, 2, 100, 1, 64)]
+    assert merged == [(p.request, p.offset) for p in uncut]  # the same order of the same starts
+    for bad in ({0: [0]}, {0: [3000]}, {4: [91]}):
+        with pytest.raises(ValueError, match="inside"):
+            prefill_calls(lens, cuts=bad)
+
+
+def test_snapshots_shape_the_flows_and_keep_the_step_order() -> None:
+    table = torch.zeros(6, 200, dtype=torch.int64)
+    # A decode, then a fresh prompt cut twice and a continued one cut once: every call of pieces in
+    # the step's order (no conv map); each cut's piece writes its final state to the snapshot's slot.
+    batch = ForwardBatch.build([[1], [2] * 300, [3] * 100], [5, 0, 64], [1, 2, 3], table, 64, "cpu",
+                               snapshots=[Snapshot(1, 64, 4), Snapshot(1, 128, 5), Snapshot(2, 10, 6)])
+    part = batch.prefill_requests
+    assert part.snapshots == (Snapshot(0, 64, 4), Snapshot(0, 128, 5), Snapshot(1, 10, 6))
+    assert _pieces(part.gdn_calls) == [[(0, 0, 64)], [(0, 64, 64)], [(0, 128, 172), (1, 0, 10)], [(1, 10, 90)]]
+    assert [(f.fresh, f.hand_on, f.live, f.snapshots) for f in part.state_flows] == [
+        (True, True, (0,), ((0, 4),)), (False, False, (0,), ((0, 5),)), (False, False, (0, 1), ((1, 6),)),
+        (False, False, (0,), ())]
+    assert part.call_order is None and [g.segments for g in part.groups] == [
+        ((0, 0, 64),), ((64, 0, 64),), ((128, 0, 182),), ((310, 0, 90),)]
+    for bad in (Snapshot(0, 1, 4), Snapshot(1, 300, 4), Snapshot(2, 5, 0), Snapshot(3, 5, 4)):
+        with pytest.raises(ValueError, match="must name"):
+            ForwardBatch.build([[1], [2] * 300, [3] * 100], [5, 0, 64], [1, 2, 3], table, 64, "cpu", snapshots=[bad])
+
+
+@pytest.mark.parametrize("cuts", sorted(SNAPSHOT_CUTS))
+def test_snapshots_are_the_states_where_a_prefill_would_stop(tiny_checkpoints, cuts: str) -> None:
+    """The prefix cache's snapshots from inside a step (halves, groups, a continued prompt, cuts
+    within the conv's window of a prompt's start) against requests that stopped there, and the step
+    itself against the same step without them: at fp32 noise."""
+    llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, context_length=4096)
+    for what, err in snapshots_against_stops(llm.engine, cuts):
+        assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 
 def test_bounds_are_read_at_each_call(monkeypatch) -> None:

@@ -48,9 +48,10 @@ def _assert_same(a, b) -> None:  # noqa: ANN001 - GenerationResults
         assert [v for _, v in x.top] == pytest.approx([v for _, v in y.top], rel=1e-5, abs=1e-6)
 
 
-def test_a_prompt_like_no_other_does_not_stop_early(pair: tuple[LLM, LLM]) -> None:
-    """The first prompt of its kind is prefilled in one go (nothing suggests it is shared); the
-    next one that begins alike stops where the two part, and the one after reuses what it cached."""
+def test_a_prompt_like_no_other_caches_nothing(pair: tuple[LLM, LLM]) -> None:
+    """The first prompt of its kind caches no prefix (nothing suggests it is shared); the next one
+    that begins alike caches its state where the two part, from inside its one prefill step, and
+    the one after reuses it."""
     cached, _ = pair
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     base = _ids(70, 50)
@@ -58,17 +59,17 @@ def test_a_prompt_like_no_other_does_not_stop_early(pair: tuple[LLM, LLM]) -> No
     forward = cached.engine.forward_batch
 
     def spy(batch, rows=None):  # noqa: ANN001, ANN202
-        steps.append(batch.extend_lens)
+        steps.append((batch.extend_lens, [(s.request, s.offset) for s in batch.snapshots]))
         return forward(batch, rows)
 
     cached.engine.forward_batch = spy
     try:
         first = cached.generate([base], params)[0]
-        assert first.num_cached_tokens == 0 and steps[0] == (70,)  # the whole prompt in one step
+        assert first.num_cached_tokens == 0 and steps[0] == ((70,), [])  # the whole prompt in one step
         steps.clear()
         second = cached.generate([base[:60] + _ids(20, 51)], params)[0]
         shared = 60 // PAGE * PAGE
-        assert second.num_cached_tokens == 0 and steps[:2] == [(shared,), (80 - shared,)]  # stopped to cache
+        assert second.num_cached_tokens == 0 and steps[0] == ((80,), [(0, shared)])  # no stop to cache
         third = cached.generate([base[:60] + _ids(20, 51)[:-1] + [9, 9]], params)[0]
         assert third.num_cached_tokens == shared  # not near the second's end: no chat turn
     finally:
@@ -83,7 +84,7 @@ def test_a_shared_prefix_is_reused_at_fp32_noise(pair: tuple[LLM, LLM]) -> None:
     _prime(cached, first)
     a, a_plain = cached.generate([first], params)[0], plain.generate([first], params)[0]
     assert a.num_cached_tokens == 0 and a_plain.num_cached_tokens == 0
-    _assert_same(a, a_plain)  # stopping at the checkpoint changes nothing beyond noise
+    _assert_same(a, a_plain)  # the calls cut at the checkpoint change nothing beyond noise
     second = first[:60] + _ids(30, 2)
     b, b_plain = cached.generate([second], params)[0], plain.generate([second], params)[0]
     assert b.num_cached_tokens == at and b_plain.num_cached_tokens == 0

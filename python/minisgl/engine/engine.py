@@ -9,7 +9,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,7 @@ from minisgl.engine.tp_group import (
     JOIN_TIMEOUT_S, JOINING, READY, FollowerSpec, JournaledPool, TpGroup, TpStep, follow, init_group, status_key,
 )
 from minisgl.engine.warmup import largest_prefill, shape_batch
-from minisgl.forward_batch import ForwardBatch
+from minisgl.forward_batch import ForwardBatch, Snapshot
 from minisgl.kvcache.hybrid_pool import HybridPool, PoolConfig
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import Backends
@@ -234,16 +234,17 @@ class Engine:
                     "%.1f s (%.2f GiB)", len(runner.buckets), top, time.monotonic() - started, self.piecewise_bytes / 2**30)
         return runner
 
-    def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch:
+    def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int],
+                   snapshots: Sequence[Snapshot] = ()) -> ForwardBatch:
         return ForwardBatch.build(tokens, prefix_lens, slots, self.pool.page_table, self.pool.page_size, self.device,
-                                  self.gdn_group_tokens)
+                                  self.gdn_group_tokens, snapshots)
 
     @torch.inference_mode()
     def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits [R, V] of the flat token rows `rows` (default: each request's last token, [B, V])."""
         if self.followers is not None:
             self.followers.send(TpStep(self.pool.take_ops(), batch.prefix_lens, batch.extend_lens, batch.slot_ids,
-                                       None if rows is None else rows.numel()))
+                                       None if rows is None else rows.numel(), batch.snapshots))
         if rows is None and self.graph_runner is not None and self.graph_runner.can_run(batch):
             return self.graph_runner.replay(batch)
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):

@@ -23,7 +23,7 @@ import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ import zmq
 
 from minisgl.engine.args import EngineArgs
 from minisgl.engine.plan import EnginePlan
-from minisgl.forward_batch import ForwardBatch
+from minisgl.forward_batch import ForwardBatch, Snapshot
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.parallel.config import ParallelConfig
 
@@ -83,6 +83,7 @@ class TpStep:
     extend_lens: tuple[int, ...]
     slots: tuple[int, ...]
     num_rows: int | None  # logit rows asked for; None = each request's last token
+    snapshots: tuple[Snapshot, ...] = ()  # states the prefix cache keeps from inside the step
 
     def __post_init__(self) -> None:
         if not (len(self.prefix_lens) == len(self.extend_lens) == len(self.slots)) or not self.slots:
@@ -168,7 +169,8 @@ class FollowerEngine(Protocol):
     pool: HybridPool
     device: torch.device
 
-    def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int]) -> ForwardBatch: ...
+    def make_batch(self, tokens: list[list[int]], prefix_lens: list[int], slots: list[int],
+                   snapshots: Sequence[Snapshot] = ()) -> ForwardBatch: ...
 
     def forward_batch(self, batch: ForwardBatch, rows: torch.Tensor | None = None) -> torch.Tensor: ...
 
@@ -185,7 +187,8 @@ def follow(engine: FollowerEngine, sock: zmq.Socket, parent_pid: int) -> None:
         if isinstance(msg, TpShutdown):
             return
         apply_ops(engine.pool, msg.pool_ops)
-        batch = engine.make_batch([[0] * n for n in msg.extend_lens], list(msg.prefix_lens), list(msg.slots))
+        batch = engine.make_batch([[0] * n for n in msg.extend_lens], list(msg.prefix_lens), list(msg.slots),
+                                  msg.snapshots)
         rows = None if msg.num_rows is None else torch.zeros(msg.num_rows, dtype=torch.int64, device=engine.device)
         engine.forward_batch(batch, rows)
 

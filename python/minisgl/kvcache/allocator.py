@@ -39,7 +39,7 @@ class Admission:
 
     slot: int
     cached: int = 0  # prompt tokens it reuses from the cache
-    checkpoints: tuple[int, ...] = ()  # where its prefill stops, ascending, so the prefix before each is cached
+    checkpoints: tuple[int, ...] = ()  # prompt lengths to cache the prefix (and state) of, ascending
 
 
 class PoolExhausted(RuntimeError):
@@ -143,7 +143,7 @@ class PoolAllocator:
         self._untaken += need - len(lent)
         cached = len(entry.tokens) if entry is not None else 0
         # A prompt that continues a parked sequence is parked in turn when it finishes, for the call
-        # that continues it: stopping its prefill for a shared prefix would only cost a step.
+        # that continues it: a prefix of it cached as well would only take a slot.
         continues = entry is not None and entry.parked
         follows = entry is not None and self.cache.taken_once(entry)
         points = self._checkpoints(prompt, cached, chat_turn, follows) if reuse and not continues else {}
@@ -153,7 +153,7 @@ class PoolAllocator:
 
     def note_prompt(self, prompt: Sequence[int]) -> None:
         """A request with this prompt arrived (queued): whether prompts share their beginnings decides
-        which ones stop their prefill early to cache a prefix (admit)."""
+        which ones cache a prefix of theirs (admit)."""
         if self.cache is not None:
             self.cache.note(prompt)
 
@@ -186,15 +186,16 @@ class PoolAllocator:
 
     def _checkpoints(self, prompt: Sequence[int], cached: int, chat_turn: bool,
                      follows: bool = False) -> dict[int, bool]:
-        """Where a new request's prefill should stop so prefixes of it can be cached (and whether
-        recent prompts branch there), past what it reused, while a slot could hold an entry; only
+        """The prompt lengths at which a new request's prefix should be cached (and whether recent
+        prompts branch there), past what it reused, while a slot could hold an entry (the step
+        that passes each writes the state there to the entry's slot: forward_batch.Snapshot); only
         for a chat turn, a prompt that reused a prefix, or one that shares whole pages with another
         recent prompt that goes on differently (nothing suggests a raw prompt like no other is shared):
         - where it parts from that prompt (the end of a system prompt many users' prompts begin
           with, cached by the second of them), no later than the tail below;
         - for a chat turn, also the last page boundary at least CHECKPOINT_TAIL tokens before its
           end (the tail): the prefix the next turn of its conversation starts with. Other prompts
-          do not stop there: raw prompts that continue a finished one do so exactly (parked).
+          cache none there: raw prompts that continue a finished one do so exactly (parked).
         `follows`: what it reused is a chat turn's tail it was the first to reuse, so most likely it
         is that turn's next one. It parts from that turn where the template re-rendered its end,
         fewer than page_size + CHECKPOINT_TAIL tokens past the tail: a branch there is no prefix

@@ -219,6 +219,13 @@ class HybridPool:
             self.copy_state(slot, entry.slot)
         return entry is not None
 
+    def snapshot_prefix(self, slot: int, tokens: Sequence[int]) -> int | None:
+        """Cache the first len(tokens) tokens of running `slot` (whole pages) from inside the step
+        about to be queued, which computes them: it writes their state to the slot returned
+        (forward_batch.Snapshot). None where nothing was cached."""
+        entry = self.allocator.cache_prefix(slot, tokens)
+        return None if entry is None else entry.slot
+
     def park(self, slot: int, tokens: Sequence[int]) -> bool:
         """End running `slot` keeping what it fed for the prompt that continues it (allocator.park);
         False where nothing was kept: then free() it."""

@@ -1,8 +1,9 @@
 """Which cached token sequence a new prompt starts with: entries found by a chain of page hashes,
 verified token by token, least recently used first out.
 
-A hybrid model's recurrent state exists only where a forward stopped, so a sequence is cached at
-one length (its entry), not at every page as an attention-only radix tree would: a prompt reuses
+A hybrid model's recurrent state is kept only where the allocator asks for it (a snapshot as a
+prefill passes that point, or where a request stopped), so a sequence is cached at one length (its
+entry), not at every page as an attention-only radix tree would: a prompt reuses
 the longest entry it starts with. Two kinds:
 - a prefix: whole pages, shared by every prompt that starts with it (each gets a copy of its state);
 - a parked sequence: all a finished request fed (its last page may be partial), taken over whole
@@ -174,9 +175,9 @@ class PrefixIndex:
         differently after them (or is the same prompt): where a system prompt many users' prompts
         begin with ends. 0 for a prompt that shares nothing with them (a random benchmark's) or
         only continues one (the next turn of a conversation, whose last turn it takes over): a
-        prefill step to cache what no other prompt reuses would be lost. (A chat turn parts from
-        its last turn a few tokens before that one's end, where the template renders it anew; the
-        allocator does not stop there for a turn that reused that one's tail.)"""
+        slot holding what no other prompt reuses would be lost. (A chat turn parts from its last
+        turn a few tokens before that one's end, where the template renders it anew; the allocator
+        caches nothing there for a turn that reused that one's tail.)"""
         most = (len(prompt) - 1) // self.page_size
         for pages, h in reversed(list(enumerate(page_hashes(prompt, self.page_size, most)))[1:]):
             node = self._seen.get((pages, h))

@@ -15,7 +15,7 @@ from torch import nn
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.backend import GDNBackend
 from minisgl.gdn.delta_inputs import DeltaInputs
-from minisgl.gdn.prefill_states import delta_prefill
+from minisgl.gdn.prefill_states import conv_snapshots, delta_prefill
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.linear import column_parallel, row_parallel
@@ -103,6 +103,7 @@ class GatedDeltaNet(nn.Module):
         d, part = batch.leading_decodes, batch.prefill_requests
         if d:
             self.backend.conv_decode(qkv[:d], weight, conv_state, batch.slots[:d], out=out)
+        conv_snapshots(qkv[d:], conv_state, part)
         order = part.call_order
         return self.backend.conv_prefill(qkv[d:], weight, part.cu_seqlens, conv_state, part.slots,
                                          max(part.extend_lens), out=out.from_row(d),

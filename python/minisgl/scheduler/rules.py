@@ -118,9 +118,9 @@ class SlotPool(Protocol):
 
 
 def admit(r: Request, pool: SlotPool, max_seq_len: int) -> None:
-    """Give r a slot, starting it after the longest cached prefix of its prompt, and mark where its
-    prefill should stop to cache its own. A prompt_logprobs request scores every prompt token, so
-    it neither reuses a prefix nor stops early for one."""
+    """Give r a slot, starting it after the longest cached prefix of its prompt, and mark the
+    prefixes of its own to cache as its prefill passes them. A prompt_logprobs request scores every
+    prompt token, so it neither reuses a prefix nor caches one."""
     a = pool.admit(r.prompt_ids, reserve_tokens(r, max_seq_len), reuse=r.prompt_logprobs is None, chat_turn=r.chat_turn)
     r.slot, r.num_cached, r.num_computed, r.checkpoints = a.slot, a.cached, a.cached, a.checkpoints
 
@@ -174,8 +174,6 @@ def plan_batch(
 
     def chunk_len(r: Request) -> int:
         n = min(len(r.prompt_ids) - r.num_computed, chunk_size, budget)
-        if (at := next((at for at in r.checkpoints if at > r.num_computed), 0)):
-            n = min(n, at - r.num_computed)
         return min(n, logprob_budget) if r.prompt_logprobs is not None else n
 
     def take(r: Request, n: int) -> None:

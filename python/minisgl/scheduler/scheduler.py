@@ -23,6 +23,7 @@ from minisgl.engine import compile_watch
 from minisgl.engine.async_sample import AsyncSample, request_generator, sample_async
 from minisgl.engine.engine import Engine
 from minisgl.engine.sampler import Sampler
+from minisgl.forward_batch import Snapshot
 from minisgl.host_copy import take_rows, to_device, to_host_async
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.args import SchedulerArgs, overlap_enabled
@@ -190,6 +191,19 @@ class Scheduler:
                     rows.extend(range(start, start + len(targets)))
         return scored, rows
 
+    def _snapshots(self, items: list[tuple[Request, int]]) -> list[Snapshot]:
+        """The prefixes this step's prompts pass to cache (their checkpoints inside it): the step
+        writes each one's state to a slot of the cache as it passes it, with no stop there. (One
+        that the step ends at is cached from the request's slot after it: _launch.)"""
+        snapshots = []
+        for i, (r, n) in enumerate(items):
+            for at in r.checkpoints:
+                if r.num_computed < at < r.num_computed + n:
+                    kept = self.pool.snapshot_prefix(r.slot, r.prompt_ids[:at])
+                    if kept is not None:
+                        snapshots.append(Snapshot(i, at - r.num_computed, kept))
+        return snapshots
+
     def _launch(self) -> _Step | None:
         items = self._schedule()
         if not items:
@@ -202,7 +216,8 @@ class Scheduler:
                 self.sampler.see_prompt(r.slot, r.prompt_ids[: r.num_cached])
             if not r.prefill_done:
                 self.sampler.see_prompt(r.slot, toks)
-        batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items])
+        batch = self.engine.make_batch(tokens, [r.num_computed for r, _ in items], [r.slot for r, _ in items],
+                                       self._snapshots(items))
         pending = [(i, r.pending_row) for i, (r, _) in enumerate(items) if r.prefill_done and r.num_pending]
         if pending:
             dst, src = zip(*pending)
@@ -216,7 +231,7 @@ class Scheduler:
             logits = self.engine.forward_batch(batch)
         for r, n in items:
             r.num_computed += n
-            if r.num_computed in r.checkpoints:  # queued after this step's forward, which ends there
+            if r.num_computed in r.checkpoints:  # the slot's state once this step's forward has run
                 self.pool.cache_prefix(r.slot, r.prompt_ids[: r.num_computed])
         sample_rows = [i for i, (r, _) in enumerate(items) if r.num_computed == r.seq_len and r.params.max_tokens > 0]
         sampled = [items[i][0] for i in sample_rows]
