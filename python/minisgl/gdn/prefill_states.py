@@ -56,6 +56,8 @@ def conv_snapshots(x: Tensor, conv_state: Tensor, part: ForwardBatch) -> None:
     """Write each snapshot's conv window: the last W-1 pre-conv inputs before its point, with the
     request's window on entry in front where the point is closer to its start. x [T, C]: the part's
     pre-conv rows in step order; call before the conv, which overwrites the windows on entry."""
+    if not part.snapshots:
+        return
     width = conv_state.shape[-1]
     starts = list(itertools.accumulate(part.extend_lens, initial=0))
     for s in part.snapshots:
