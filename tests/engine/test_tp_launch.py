@@ -52,20 +52,23 @@ def test_tp2_rank0_scheduler_matches_single_rank(tiny_checkpoints) -> None:
         assert [t for t, _ in g.top] == [t for t, _ in w.top]
 
 
-def test_tp2_followers_copy_the_cached_states(tiny_checkpoints) -> None:
+@pytest.mark.parametrize("chunk", [16, 64], ids=["step-ends-there", "snapshot"])
+def test_tp2_followers_copy_the_cached_states(tiny_checkpoints, chunk: int) -> None:
     """Prompts that reuse a cached prefix, and one that takes over what a finished request fed,
     under TP: the follower copies its share of the state and sets its page table from the step
-    messages, so the tokens and logprobs are one rank's without the cache."""
+    messages, so the tokens and logprobs are one rank's without the cache. The prefix is cached
+    where a prefill step ends (chunks of 16), or from inside one (a snapshot the step message names)."""
     path = tiny_checkpoints["bf16"]
+    engine = {**ENGINE, "chunked_prefill_size": chunk}
     g = torch.Generator().manual_seed(12)
     first = torch.randint(0, 512, (70,), generator=g).tolist()
     second = first[:60] + torch.randint(0, 512, (30,), generator=g).tolist()
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=3)
-    plain = LLM(path, enable_prefix_caching=False, **ENGINE)
+    plain = LLM(path, enable_prefix_caching=False, **engine)
     want = plain.generate([second], params)[0]
     third = second + list(want.token_ids[:3]) + [7, 8]  # continues what `second` fed: takes its slot over
     want_third = plain.generate([third], params)[0]
-    with LLM(path, tp_size=2, **ENGINE) as llm:
+    with LLM(path, tp_size=2, **engine) as llm:
         llm.generate([first[:-1] + [(first[-1] + 1) % 512]], params)  # all but the last token as `first`
         llm.generate([first], params)
         got = llm.generate([second], params)[0]
