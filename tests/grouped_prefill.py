@@ -71,28 +71,29 @@ def grouped_against_whole(engine: Engine, step: str, decodes: int = 0) -> list[t
 # A mixed step whose prompts leave snapshots (forward_batch.Snapshot): 2 decodes, then two lone
 # prompts that run as halves (a cut in a's first half, one in b's second), one alone, and a group of
 # a fresh prompt and a continued one (a prefix of 40 tokens). (request among the prompts, offset) of
-# each snapshot: cuts at multiples of fla's chunk from the step's start leave every request chunked
-# as when uncut (the rule's arithmetic unchanged); the others also cut closer to a prompt's start
-# than the conv's window.
+# each snapshot. The halves are cut at multiples of fla's chunk (as pages of 64 tokens cut them), so
+# that a run that stops there pairs its requests' rests at the same chunk boundaries; the group's
+# prompts are cut anywhere too, closer to a prompt's start than the conv's window among them.
 SNAPSHOT_LENGTHS = (3000, 2600, 1500, 150, 90)
 SNAPSHOT_PREFIX = (0, 0, 0, 0, 40)
 SNAPSHOT_CUTS = {
     "aligned": ((0, 1024), (1, 1984), (3, 64), (4, 64)),
-    "anywhere": ((0, 1000), (1, 2000), (3, 2), (3, 100), (4, 1), (4, 64)),
+    "anywhere": ((0, 1024), (1, 1984), (3, 2), (3, 100), (4, 1), (4, 64)),
 }
 
 
 def snapshots_against_stops(engine: Engine, cuts: str) -> list[tuple[str, float]]:
-    """(what, relative error): the step with SNAPSHOT_CUTS[cuts] against the same step without them
-    (its logits, and the requests' SSM and conv states after it), and each snapshot's SSM and conv
-    state against those of a request that stopped there (it ran the same tokens up to that point)."""
+    """(what, relative error) of the step with SNAPSHOT_CUTS[cuts] against the same requests run in
+    steps that stop at every cut (each request's pieces start where they do in the step, so every
+    backend chunks them alike): the logits of the requests' last tokens, their SSM and conv states
+    after it, and each snapshot's states against the stopped run's after the step that ends there."""
     points = SNAPSHOT_CUTS[cuts]
     gen = torch.Generator().manual_seed(12)
     vocab = engine.config.vocab_size
     prompts = [torch.randint(0, vocab, (p + n,), generator=gen).tolist()
                for p, n in zip(SNAPSHOT_PREFIX, SNAPSHOT_LENGTHS)]
     history = [torch.randint(0, vocab, (11,), generator=gen).tolist() for _ in range(2)]
-    cfg = replace(engine.pool_cfg, max_running_requests=2 * (len(history) + len(prompts) + len(points)))
+    cfg = replace(engine.pool_cfg, max_running_requests=2 * (len(history) + len(prompts)) + len(points))
     pool = HybridPool(engine.layout, cfg, engine.dtype, engine.device)
 
     def run(seqs: list[list[int]], prefix: list[int], slots: list[int], snapshots=()) -> torch.Tensor:  # noqa: ANN001
@@ -107,28 +108,35 @@ def snapshots_against_stops(engine: Engine, cuts: str) -> list[tuple[str, float]
 
     twins = [[prepared(11) for _ in history] + [prepared(len(p)) for p in prompts] for _ in range(2)]
     kept = [prepared(1) for _ in points]
-    stopped = [prepared(SNAPSHOT_PREFIX[r] + at) for r, at in points]
+    # Each request's pieces between its cuts, (offset, end) into its extend: one for a decode.
+    seqs = [h[10:] for h in history] + [p[SNAPSHOT_PREFIX[r]:] for r, p in enumerate(prompts)]
+    prefix = [10] * len(history) + list(SNAPSHOT_PREFIX)
+    bounds = [[0, *sorted(at for r, at in points if r + len(history) == i), len(seq)] for i, seq in enumerate(seqs)]
+    stopped: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    last_logits: list[torch.Tensor | None] = [None] * len(seqs)
     with torch.inference_mode():
-        # What the decodes and the continued prompt cached, on every slot that continues them.
-        firsts = [(h[:10], s) for slots in twins for h, s in zip(history, slots)]
-        firsts += [(prompts[r][:SNAPSHOT_PREFIX[r]], s) for slots in twins for r, s in enumerate(slots[2:])
-                   if SNAPSHOT_PREFIX[r]]
-        firsts += [(prompts[r][:SNAPSHOT_PREFIX[r]], s) for (r, _), s in zip(points, stopped) if SNAPSHOT_PREFIX[r]]
+        # What the decodes and the continued prompt cached, on both twins.
+        firsts = [(seq, s) for slots in twins for seq, s in zip([h[:10] for h in history], slots)]
+        firsts += [(prompts[r][:n], slots[len(history) + r]) for slots in twins for r, n in enumerate(SNAPSHOT_PREFIX) if n]
         run([t for t, _ in firsts], [0] * len(firsts), [s for _, s in firsts])
-        seqs = [h[10:] for h in history] + [p[SNAPSHOT_PREFIX[r]:] for r, p in enumerate(prompts)]
-        prefix = [10] * len(history) + list(SNAPSHOT_PREFIX)
-        snaps = [Snapshot(len(history) + r, at, s) for (r, at), s in zip(points, kept)]
-        outs = [run(seqs, prefix, slots, taken) for slots, taken in zip(twins, (snaps, ()))]
-        # The prefill that stopped at each cut (one a token long comes after longer ones, so that
-        # it is no decode).
-        order = sorted(range(len(points)), key=lambda i: -points[i][1])
-        run([prompts[points[i][0]][SNAPSHOT_PREFIX[points[i][0]]:][: points[i][1]] for i in order],
-            [SNAPSHOT_PREFIX[points[i][0]] for i in order], [stopped[i] for i in order])
+        snaps = [Snapshot(len(history) + r, at, k) for (r, at), k in zip(points, kept)]
+        step_logits = run(seqs, prefix, twins[0], snaps)
+        # The run that stops at every cut: step j feeds each request's j-th piece.
+        for j in range(max(len(b) - 1 for b in bounds)):
+            live = [i for i, b in enumerate(bounds) if j + 1 < len(b)]
+            logits = run([seqs[i][bounds[i][j] : bounds[i][j + 1]] for i in live],
+                         [prefix[i] + bounds[i][j] for i in live], [twins[1][i] for i in live])
+            for row, i in enumerate(live):
+                last_logits[i] = logits[row]
+                if j + 2 < len(bounds[i]):
+                    stopped[(i, bounds[i][j + 1])] = (pool.state.ssm[:, twins[1][i]].clone(),
+                                                      pool.state.conv[:, twins[1][i]].clone())
     state = pool.state
-    errors = [("logits", rel_err(*outs)),
+    errors = [("logits", rel_err(step_logits, torch.stack(last_logits))),
               ("ssm state", rel_err(state.ssm[:, twins[0]], state.ssm[:, twins[1]])),
               ("conv state", rel_err(state.conv[:, twins[0]], state.conv[:, twins[1]]))]
-    for (r, at), k, s in zip(points, kept, stopped):
-        errors += [(f"snapshot {r}@{at} ssm", rel_err(state.ssm[:, k], state.ssm[:, s])),
-                   (f"snapshot {r}@{at} conv", rel_err(state.conv[:, k], state.conv[:, s]))]
+    for s in snaps:
+        ssm, conv = stopped[(s.request, s.offset)]
+        errors += [(f"snapshot {s.request}@{s.offset} ssm", rel_err(state.ssm[:, s.slot], ssm)),
+                   (f"snapshot {s.request}@{s.offset} conv", rel_err(state.conv[:, s.slot], conv))]
     return errors

@@ -104,8 +104,8 @@ def test_snapshots_shape_the_flows_and_keep_the_step_order() -> None:
 @pytest.mark.parametrize("cuts", sorted(SNAPSHOT_CUTS))
 def test_snapshots_are_the_states_where_a_prefill_would_stop(tiny_checkpoints, cuts: str) -> None:
     """The prefix cache's snapshots from inside a step (halves, groups, a continued prompt, cuts
-    within the conv's window of a prompt's start) against requests that stopped there, and the step
-    itself against the same step without them: at fp32 noise."""
+    within the conv's window of a prompt's start), and the step's logits and states, against a run
+    that stops at every cut: at fp32 noise."""
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cpu", page_size=16, context_length=4096)
     for what, err in snapshots_against_stops(llm.engine, cuts):
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
