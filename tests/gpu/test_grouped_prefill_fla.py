@@ -27,19 +27,28 @@ def test_fla_prefill_in_calls_equals_one_call(tiny_checkpoints, step: str, decod
         assert err < 1e-5, f"{what}: relative error {err:.2e}"
 
 
+# fla's fp32 dots round at TF32 precision (2^-11 relative, Triton's default), so inputs that differ
+# at fp32 rounding give sums that differ at TF32 rounding. Cut anywhere, the stopped run feeds the
+# group's prompts in other steps than the cut one; the projections' GEMMs then run at other token
+# counts (cuBLAS picks kernels by them) and round otherwise at fp32 (6e-8 on the conv's inputs),
+# which fla takes to 1.2e-5 on a snapshot and 4.7e-5 on the states after the step (H100, 2026-12-05,
+# docs/benchmarks.md). Cut at chunk multiples, every error was 1e-7 or less.
+SNAPSHOT_BOUNDS = {"aligned": 1e-5, "anywhere": 2e-4}
+
+
 @pytest.mark.parametrize("cuts", sorted(SNAPSHOT_CUTS))
 def test_fla_snapshots_are_the_states_where_a_prefill_would_stop(tiny_checkpoints, cuts: str) -> None:
     """The prefix cache's snapshots from inside a step through fla and the Triton conv (its row map
     under the halves' cuts) against a run that stops at every cut, which chunks every piece alike
-    (tests/grouped_prefill.py; cut elsewhere, fla's fp32 dots, which run in TF32, would round
-    otherwise). Every error is printed before any is asserted."""
+    (tests/grouped_prefill.py; cut elsewhere, fla would round otherwise at TF32 precision). Every
+    error is printed before any is asserted."""
     llm = LLM(tiny_checkpoints["bf16"], dtype="float32", device="cuda", page_size=16, context_length=4096,
               piecewise_cuda_graph_max_tokens=0)
     assert type(llm.engine.model.layers[0].linear_attn.backend).__name__ == "FlaGDNBackend"
     errors = snapshots_against_stops(llm.engine, cuts)
     print(", ".join(f"{what} {err:.1e}" for what, err in errors))
     for what, err in errors:
-        assert err < 1e-5, f"{what}: relative error {err:.2e}"
+        assert err < SNAPSHOT_BOUNDS[cuts], f"{what}: relative error {err:.2e}"
 
 
 def test_host_chunk_indices_are_flas() -> None:
