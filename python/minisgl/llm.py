@@ -18,7 +18,7 @@ from minisgl.scheduler.protocol import RequestScheduler
 from minisgl.scheduler.scheduler import Scheduler
 from minisgl.scheduler_factory import build_scheduler
 from minisgl.startup_checks import check_model_path
-from minisgl.tokenizer.chat import render_chat
+from minisgl.tokenizer.chat import generation_prompts, opens_assistant_turn, render_chat
 from minisgl.tokenizer.detokenizer import IncrementalDetokenizer, TextStream
 from minisgl.tokenizer.tokenizer import load_tokenizer
 
@@ -90,6 +90,7 @@ class LLM:
             plan, afd, lambda skip: IncrementalDetokenizer(self.tokenizer, skip)
         )
         self.tokenizer = load_tokenizer(plan.model_path)
+        self.generation_prompts = generation_prompts(self.tokenizer)
         # The colocated engine, for callers that inspect the pool or the model; None under AFD.
         self.engine: Engine | None = self.scheduler.engine if isinstance(self.scheduler, Scheduler) else None
         self._next_rid = 0
@@ -144,8 +145,10 @@ class LLM:
         rids = [[f"offline-{next(numbers)}" for _ in range(p.n)] for p in params]
         self._next_rid += sum(p.n for p in params)
         for toks, p, prompt_rids in zip(ids, params, rids):
+            # A prompt rendered with the chat template is a chat turn too (its next turn's prefix).
+            turn = chat_turn or opens_assistant_turn(toks, self.generation_prompts)
             for j, rid in enumerate(prompt_rids):
-                self.scheduler.add_request(GenerateRequest(rid, tuple(toks), p.for_choice(j), chat_turn))
+                self.scheduler.add_request(GenerateRequest(rid, tuple(toks), p.for_choice(j), turn))
         outputs: dict[str, list[RequestOutput]] = {rid: [] for prompt_rids in rids for rid in prompt_rids}
         unfinished = {i: len(prompt_rids) for i, prompt_rids in enumerate(rids)}
         prompt_of = {rid: i for i, prompt_rids in enumerate(rids) for rid in prompt_rids}

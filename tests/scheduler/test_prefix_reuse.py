@@ -15,6 +15,7 @@ from minisgl.scheduler.protocol import run_to_end
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.rules import LPM_WINDOW, order_by_cached_prefix
 from minisgl.scheduler.scheduler import Scheduler
+from minisgl.tokenizer.chat import render_chat
 
 PAGE = 16
 
@@ -143,19 +144,28 @@ def test_users_of_one_system_prompt_reuse_it(pair: tuple[LLM, LLM]) -> None:
         _assert_same(g, w)
 
 
-def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints) -> None:
+@pytest.mark.parametrize("via", ["chat", "rendered"])
+def test_the_next_chat_turn_reuses_the_last(tiny_checkpoints, via: str) -> None:
     """Qwen3.5's template renders an earlier turn without the `<think>` its generation prompt
-    opened: the next turn's prompt still starts with all but the last few tokens of the last one."""
+    opened: the next turn's prompt still starts with all but the last few tokens of the last one.
+    The same through generate() on text the caller rendered with the template (it ends opening the
+    assistant's turn)."""
     llm = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512)
     plain = LLM(tiny_checkpoints["trained"], dtype="float32", device="cpu", page_size=PAGE, context_length=512,
                 enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=12)
+
+    def say(engine: LLM, talk: list[dict[str, str]]):  # noqa: ANN202 - a GenerationResult
+        if via == "chat":
+            return engine.chat(talk, params, use_tqdm=False)[0]
+        return engine.generate(render_chat(engine.tokenizer, talk), params, use_tqdm=False)[0]
+
     system = {"role": "system", "content": "You are a terse assistant. " * 4}
-    llm.chat([system, {"role": "user", "content": "Hello?"}], params, use_tqdm=False)  # another user, same system prompt
+    say(llm, [system, {"role": "user", "content": "Hello?"}])  # another user, same system prompt
     talk = [system, {"role": "user", "content": "Name three colours of the rainbow, please."}]
-    first = llm.chat(talk, params, use_tqdm=False)[0]
+    first = say(llm, talk)
     talk += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And two more?"}]
-    second, want = llm.chat(talk, params, use_tqdm=False)[0], plain.chat(talk, params, use_tqdm=False)[0]
+    second, want = say(llm, talk), say(plain, talk)
     turn = len(first.prompt_token_ids)
     assert second.prompt_token_ids[: turn - 2] == first.prompt_token_ids[: turn - 2]
     assert second.num_cached_tokens == (turn - CHECKPOINT_TAIL) // PAGE * PAGE > 0

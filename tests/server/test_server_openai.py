@@ -8,6 +8,9 @@ import httpx
 import openai
 import pytest
 
+from minisgl.models.tiny.default import default_model_path
+from minisgl.tokenizer.chat import render_chat
+from minisgl.tokenizer.tokenizer import load_tokenizer
 from server_harness import Server
 
 PROMPT = "The quick brown fox"
@@ -205,6 +208,20 @@ def test_the_next_chat_turn_reuses_the_last(client: openai.OpenAI, model: str) -
     talk += [{"role": "assistant", "content": first.choices[0].message.content},
              {"role": "user", "content": "And another?"}]
     second = client.chat.completions.create(model=model, messages=talk, max_tokens=2, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens == (first.usage.prompt_tokens - 16) // 16 * 16 > 0
+
+
+def test_a_conversation_the_client_renders_reuses_its_last_turn(client: openai.OpenAI, model: str) -> None:
+    """A client that renders the chat template itself and sends text to /v1/completions: a prompt
+    that ends opening the assistant's turn is a chat turn too, cached shortly before its end, so
+    the next turn, re-rendered, reuses it (before, nothing: the earlier turn's end is rendered anew)."""
+    tok = load_tokenizer(default_model_path())
+    talk = [{"role": "system", "content": "You answer in two words. " * 5},
+            {"role": "user", "content": "Name a colour of the sky, please."}]
+    first = client.completions.create(model=model, prompt=render_chat(tok, talk), max_tokens=4, temperature=0)
+    talk += [{"role": "assistant", "content": first.choices[0].text}, {"role": "user", "content": "And at night?"}]
+    second = client.completions.create(model=model, prompt=render_chat(tok, talk), max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == (first.usage.prompt_tokens - 16) // 16 * 16 > 0
 
 

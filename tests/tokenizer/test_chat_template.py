@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from minisgl.tokenizer.chat import render_chat, unused_template_kwargs
+from minisgl.tokenizer.chat import generation_prompts, opens_assistant_turn, render_chat, unused_template_kwargs
 from minisgl.tokenizer.tokenizer import load_tokenizer
 from minisgl.models.tiny.default import default_model_path
 from minisgl.models.tiny.tokenizer import CHAT_TOKENS
@@ -128,3 +128,17 @@ def test_bad_messages(tok, msgs, kwargs, match) -> None:
 
 def test_unused_template_kwargs(tok) -> None:
     assert unused_template_kwargs(tok, {"enable_thinking": False, "thinking": True}) == ["thinking"]
+
+
+def test_generation_prompts_are_the_openers_with_thinking_on_and_off(tok) -> None:
+    """What a client that renders the template itself ends a prompt with, for the model's turn."""
+    openings = generation_prompts(tok)
+    assert sorted(tok.decode(o) for o in openings) == sorted([OPEN, CLOSED])
+    for kwargs in ({}, {"enable_thinking": False}):
+        prompt = tok.encode(render_chat(tok, USER, template_kwargs=kwargs), add_special_tokens=False)
+        assert opens_assistant_turn(prompt, openings)
+        assert not opens_assistant_turn(prompt + [prompt[-2]], openings)  # the model's turn has begun
+    assert not opens_assistant_turn(tok.encode(OPEN, add_special_tokens=False), openings)  # nothing before it
+    bare = load_tokenizer(default_model_path())
+    bare.chat_template = None
+    assert generation_prompts(bare) == ()

@@ -31,6 +31,7 @@ from minisgl.server.metrics import RequestTimer, ServerMetrics
 from minisgl.server.openai_types import SamplingFields
 from minisgl.server.request_log import RequestLog
 from minisgl.server.sampling import request_sampling_params
+from minisgl.tokenizer.chat import generation_prompts, opens_assistant_turn
 from minisgl.tokenizer.token_text import TokenTexts
 
 
@@ -92,6 +93,7 @@ class ServingContext:
         self.reasoning_parser, self.tool_call_parser = reasoning_parser, tool_call_parser
         self.request_log = request_log or RequestLog(enabled=False)
         self.formatter = LogprobFormatter(TokenTexts(tokenizer))
+        self.generation_prompts = generation_prompts(tokenizer)
 
     @property
     def info(self) -> SchedulerInfo:
@@ -276,7 +278,10 @@ def start_choices(ctx: ServingContext, request_id: str, choices: list[Choice]) -
     """Admit the choices as one response's engine requests (every check happens here, before any
     header is sent): their outputs, and the close that ends the response (idempotent: whichever
     way the response ends first closes the submission, aborting what still runs)."""
-    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params, c.chat_turn) for c in choices]
+    # A prompt the client rendered with the chat template is a chat turn too (its next turn's prefix).
+    reqs = [GenerateRequest(c.rid, c.prompt_ids, c.params,
+                            c.chat_turn or opens_assistant_turn(c.prompt_ids, ctx.generation_prompts))
+            for c in choices]
     sub = ctx.admission.admit(request_id, reqs)
     ctx.request_log.received(request_id, reqs)
 

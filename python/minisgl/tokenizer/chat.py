@@ -101,3 +101,34 @@ def render_chat(
         )
     except Exception as e:  # a template's own raise_exception(), or a jinja error: the messages are at fault
         raise ValueError(f"the chat template rejected these messages: {e}") from e
+
+
+def generation_prompts(tokenizer: PreTrainedTokenizerBase) -> tuple[tuple[int, ...], ...]:
+    """The token ids the chat template appends to open the assistant's turn, with thinking on and
+    off where the template has that switch (Qwen3.5: `<|im_start|>assistant\n<think>\n`, or that
+    and an empty think block): a prompt a client rendered with the template for the model's next
+    turn ends with one of them. () without a template, or one that cannot render a lone user message."""
+    template = tokenizer.chat_template
+    if not template or not isinstance(template, str):
+        return ()
+    probe = [{"role": "user", "content": "x"}]
+    switches: list[dict[str, bool]] = [{}]
+    if "enable_thinking" in template_variables(template):
+        switches += [{"enable_thinking": True}, {"enable_thinking": False}]
+    found = set()
+    try:
+        base = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+        head = tokenizer.encode(base, add_special_tokens=False)
+        for switch in switches:
+            text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **switch)
+            full = tokenizer.encode(text, add_special_tokens=False)
+            if len(full) > len(head) and full[: len(head)] == head:
+                found.add(tuple(full[len(head) :]))
+    except jinja2.TemplateError:
+        return ()
+    return tuple(sorted(found))
+
+
+def opens_assistant_turn(prompt: Sequence[int], openings: Sequence[tuple[int, ...]]) -> bool:
+    """Whether `prompt` ends with one of generation_prompts' openings (and holds more than it)."""
+    return any(len(prompt) > len(o) and tuple(prompt[-len(o) :]) == o for o in openings)
