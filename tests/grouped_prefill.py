@@ -117,7 +117,8 @@ def snapshots_against_stops(engine: Engine, cuts: str) -> list[tuple[str, float]
     with torch.inference_mode():
         # What the decodes and the continued prompt cached, on both twins.
         firsts = [(seq, s) for slots in twins for seq, s in zip([h[:10] for h in history], slots)]
-        firsts += [(prompts[r][:n], slots[len(history) + r]) for slots in twins for r, n in enumerate(SNAPSHOT_PREFIX) if n]
+        firsts += [(prompts[r][:n], slots[len(history) + r])
+                   for slots in twins for r, n in enumerate(SNAPSHOT_PREFIX) if n]
         run([t for t, _ in firsts], [0] * len(firsts), [s for _, s in firsts])
         snaps = [Snapshot(len(history) + r, at, k) for (r, at), k in zip(points, kept)]
         step_logits = run(seqs, prefix, twins[0], snaps)

@@ -100,7 +100,8 @@ def _cut(calls: list[tuple[Piece, ...]], cuts: Mapping[int, Sequence[int]],
     """`calls` with each piece that spans a cut split there, the call ending after its first part."""
     for request, offsets in cuts.items():
         if not all(0 < at < extend_lens[request] for at in offsets):
-            raise ValueError(f"request {request}'s cuts {tuple(offsets)} must lie inside its {extend_lens[request]} tokens")
+            raise ValueError(f"request {request}'s cuts {tuple(offsets)} must lie inside its "
+                             f"{extend_lens[request]} tokens")
     out: list[tuple[Piece, ...]] = []
     for call in calls:
         current: list[Piece] = []

@@ -23,7 +23,7 @@ class Request:
     slot: int | None = None
     num_computed: int = 0  # tokens fed to the model: their KV/state is written (or queued on the device)
     num_cached: int = 0  # prompt tokens a cached prefix gave it at admission (computed for an earlier request)
-    checkpoints: tuple[int, ...] = ()  # prompt lengths whose prefix (and state there) is cached as its prefill passes, ascending
+    checkpoints: tuple[int, ...] = ()  # prompt lengths to cache the prefix (and state) of, ascending
     num_pending: int = 0  # tokens sampled on the device that the CPU has not seen yet (overlap loop)
     pending_row: int = -1  # row of the newest pending token in the in-flight step's sampled tokens
     finish_reason: str | None = None

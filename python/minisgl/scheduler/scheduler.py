@@ -197,6 +197,8 @@ class Scheduler:
         that the step ends at is cached from the request's slot after it: _launch.)"""
         snapshots = []
         for i, (r, n) in enumerate(items):
+            if n == 1:  # a decode (or a prompt's last token): nothing inside it
+                continue
             for at in r.checkpoints:
                 if r.num_computed < at < r.num_computed + n:
                     kept = self.pool.snapshot_prefix(r.slot, r.prompt_ids[:at])
