@@ -1,7 +1,9 @@
 """A prefill step whose GDN chunked rule runs in several calls (prefill_groups.py) against the same
 step with its requests in one call, on twin pools. Shared by the CPU test (torch backend) and the GPU
 test (fla). Two steps: one of request groups, and one where two lone requests run as halves (their
-q, k and v written by the conv in the calls' order, their outputs put back in the step's)."""
+q, k and v written by the conv in the calls' order, their outputs put back in the step's). And a
+step whose calls are cut where the prefix cache keeps states (snapshots) against a run that stops
+at every cut (snapshots_against_stops)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -108,7 +110,7 @@ def snapshots_against_stops(engine: Engine, cuts: str) -> list[tuple[str, float]
 
     twins = [[prepared(11) for _ in history] + [prepared(len(p)) for p in prompts] for _ in range(2)]
     kept = [prepared(1) for _ in points]
-    # Each request's pieces between its cuts, (offset, end) into its extend: one for a decode.
+    # Each request's piece boundaries in its extend: 0, its cuts, its length (one piece for a decode).
     seqs = [h[10:] for h in history] + [p[SNAPSHOT_PREFIX[r]:] for r, p in enumerate(prompts)]
     prefix = [10] * len(history) + list(SNAPSHOT_PREFIX)
     bounds = [[0, *sorted(at for r, at in points if r + len(history) == i), len(seq)] for i, seq in enumerate(seqs)]
