@@ -65,8 +65,9 @@ class EngineArgs:
                                           "(--piecewise-cuda-graph-max-tokens must then be unset or 0)")
     enable_prefix_caching: bool = arg(
         True, "the prefix cache (colocated engines; AFD lanes run without): idle state slots and K/V pages keep "
-              "what earlier requests fed, and a prompt that starts with it reuses its K/V and recurrent state; a "
-              "prompt's prefill stops once at a page boundary shortly before its end to cache what precedes it",
+              "what earlier requests fed, and a prompt that starts with it reuses its K/V and recurrent state; the "
+              "prefill step that passes a point worth keeping (where prompts part, a chat turn's tail) writes the "
+              "recurrent state there to an idle slot as it goes",
         negations=("--disable-radix-cache",))
     cuda_graph_max_bs: int | None = arg(None, "largest decode batch captured in a CUDA graph (default: "
                                               "--max-running-requests)")
