@@ -4,8 +4,8 @@ read of a device value anywhere in the launch (a Python list used as a CUDA inde
 host wait for step k, so the host's planning of every step adds to the step time.
 
 CUDA's sync debug mode raises on such a wait; here it is on around every launch of a greedy run
-with decode steps (graph replays), chunked-prefill steps mixed with decodes, and eager decodes
-beyond the largest graph bucket."""
+with decode steps (graph replays), chunked-prefill steps mixed with decodes, eager decodes
+beyond the largest graph bucket, and steps that take prefix-cache snapshots."""
 from __future__ import annotations
 
 import pytest
@@ -28,7 +28,8 @@ def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
                cuda_graph_max_bs=8, **KERNELS)
 
 
-def _launches_without_sync(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[int, dict]:
+def _launches_without_sync(llm: LLM, prompts: list[list[int]], params: SamplingParams,
+                           chat_turn: bool = False) -> tuple[int, dict]:
     """Run the prompts to the end with every launch under the sync debug mode; the number of
     launches and the scheduler's outputs by request."""
     sched = llm.scheduler
@@ -47,7 +48,7 @@ def _launches_without_sync(llm: LLM, prompts: list[list[int]], params: SamplingP
     outputs: dict[str, list[int]] = {}
     try:
         for i, p in enumerate(prompts):
-            sched.add_request(GenerateRequest(f"r{i}", tuple(p), params))
+            sched.add_request(GenerateRequest(f"r{i}", tuple(p), params, chat_turn))
         while sched.has_work:
             for out in sched.step():
                 outputs.setdefault(out.rid, []).extend(out.new_token_ids)
@@ -67,5 +68,27 @@ def test_launches_never_wait_for_the_device(llm: LLM) -> None:
     assert launches > 24 and sorted(outputs) == sorted(f"r{i}" for i in range(len(prompts)))
     assert all(len(t) == 24 for t in outputs.values())
     # The same tokens as generate(), which runs the same loop without the debug mode.
+    want = [r.token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
+    assert [tuple(outputs[f"r{i}"]) for i in range(len(prompts))] == want
+
+
+def test_snapshot_steps_never_wait_for_the_device(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chat turns are cached shortly before their end: with 48-token chunks, the chunk of a long
+    prompt that passes that point takes a snapshot, whose state writes must not wait either."""
+    g = torch.Generator().manual_seed(10)
+    prompts = [torch.randint(0, 512, (n,), generator=g).tolist() for n in (200, 130, 90, 150)]
+    llm.scheduler.prefill_budget = 48
+    taken = []
+    snapshot_prefix = llm.engine.pool.snapshot_prefix
+
+    def spy(slot, tokens):  # noqa: ANN001, ANN202
+        kept = snapshot_prefix(slot, tokens)
+        taken.append(kept)
+        return kept
+
+    monkeypatch.setattr(llm.engine.pool, "snapshot_prefix", spy)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    _, outputs = _launches_without_sync(llm, prompts, params, chat_turn=True)
+    assert any(kept is not None for kept in taken), "no step took a snapshot"
     want = [r.token_ids for r in llm.generate(prompts, params, use_tqdm=False)]
     assert [tuple(outputs[f"r{i}"]) for i in range(len(prompts))] == want

@@ -39,8 +39,9 @@ def delta_prefill(backend: GDNBackend, inp: DeltaInputs, cu_seqlens: Tensor, ssm
         initial = ssm_state[slots]
     o, final = backend.delta_chunked(inp, cu_seqlens, initial, lengths)
     if flow is not None and flow.snapshots:
-        rows, kept = zip(*flow.snapshots)
-        ssm_state[to_device(kept, torch.int64, slots.device)] = final[list(rows)].to(ssm_state.dtype)
+        rows, kept = zip(*flow.snapshots)  # both indexes pinned: a list index would wait for the queue
+        ssm_state[to_device(kept, torch.int64, slots.device)] = \
+            final[to_device(rows, torch.int64, slots.device)].to(ssm_state.dtype)
     if flow is not None and flow.hand_on:
         return o, final
     live = range(len(slots)) if flow is None else flow.live
