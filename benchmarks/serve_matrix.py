@@ -63,6 +63,7 @@ MATRICES = {
         Row("1K/256 c=64", 1024, 256, 128, 64),
         Row("8K/256 c=32", 8192, 256, 64, 32),
         Row("8K/256 c=64", 8192, 256, 128, 64),
+        Row("Lone 8K prompts 8192/16 c=1", 8192, 16, 4, 1),  # a long document on an idle server: TTFT
     )),
     # The three random-prompt profiles vLLM 0.17.1 was published with for Qwen3.5-35B-A3B on one H200.
     "vllm-35b": Matrix("Qwen3.5-35B-A3B", True, ("--context-length", "33024"), (
@@ -70,6 +71,9 @@ MATRICES = {
         Row("Throughput 1024/128 x1000", 1024, 128, 1000, 512),
         Row("Generation Heavy 1000/2000 x200", 1000, 2000, 200, 200),
         Row("Long Context 32000/100 x100", 32000, 100, 100, 100),
+        # Long documents one at a time on an idle server: the prompt alone sets the TTFT.
+        Row("Lone 8K prompts 8192/16 c=1", 8192, 16, 4, 1),
+        Row("Lone 32K prompts 32000/16 c=1", 32000, 16, 4, 1),
     )),
     # sglang.bench_serving's generated-shared-prefix defaults (64 groups x 16 prompts, a 2048-token
     # system prompt and a 128-token question, 256 out): the prefix cache's workload.

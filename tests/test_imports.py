@@ -32,7 +32,8 @@ LEVELS: tuple[tuple[str, ...], ...] = (
     ("parallel", "kernels"),  # collectives and shards; Triton kernels
     ("forward_batch", "registry", "sampling_defaults", "file_digest"),  # leaves every room may read
     ("arg_field", "process_setup"),  # flag metadata; process names, log level, loading bars
-    ("host_copy", "sampling_params", "version", "prefill_groups", "prefill_budget"),
+    ("prefill_budget",),  # a step's prompt tokens, one request's within a GDN group's bound
+    ("host_copy", "sampling_params", "version", "prefill_groups"),
 )
 LEVEL = {room: i for i, rooms in enumerate(LEVELS) for room in rooms}
 

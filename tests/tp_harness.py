@@ -30,6 +30,7 @@ class Case:
     engine: dict = field(default_factory=dict)
     prompts: tuple[tuple[int, ...], ...] = ()
     max_tokens: int = 32
+    max_prefill_tokens: int = 16384  # the scheduler's step budget (small: prompts split into chunks)
 
 
 @dataclass
@@ -40,9 +41,10 @@ class Result:
     error: str | None = None
 
 
-def generate(engine, prompts, max_tokens: int) -> Result:
+def generate(engine, prompts, max_tokens: int, max_prefill_tokens: int = 16384) -> Result:
     """Greedy tokens of every prompt through the colocated Scheduler, and each step's logits."""
     from minisgl.sampling_params import SamplingParams
+    from minisgl.scheduler.args import SchedulerArgs
     from minisgl.scheduler.messages import GenerateRequest
     from minisgl.scheduler.scheduler import Scheduler
 
@@ -58,7 +60,7 @@ def generate(engine, prompts, max_tokens: int) -> Result:
 
     engine.forward_batch = recording
     try:
-        sched = Scheduler(engine, overlap=False)
+        sched = Scheduler(engine, args=SchedulerArgs(max_prefill_tokens=max_prefill_tokens), overlap=False)
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         for i, p in enumerate(prompts):
             sched.add_request(GenerateRequest(f"r{i}", tuple(p), params))
@@ -90,7 +92,7 @@ def _host(rank: int, port: int, inbox: mp.Queue, results: mp.Queue) -> None:
         try:
             pc = ParallelConfig(case.tp, rank, case.ep, tuple(range(case.tp)), groups[case.tp])
             engine = Engine(resolve_plan(EngineArgs(case.path, **case.engine)), parallel=pc)
-            result = generate(engine, case.prompts, case.max_tokens)
+            result = generate(engine, case.prompts, case.max_tokens, case.max_prefill_tokens)
         except BaseException:  # noqa: BLE001 - report, then leave: the peers' collectives fail fast
             results.put((rank, Result([], [], traceback.format_exc())))
             sys.exit(1)

@@ -21,8 +21,17 @@ those decoding. It is the largest of:
   many prompts as decodes (a steady stream of arrivals), one chunk: inter-token latency stays
   bounded.
 At most --max-prefill-tokens.
+
+Budget that no other prompt can take (nothing waits that fits, or nothing waits at all) goes to
+the prompts already in the step, oldest first, each up to lone_prompt_tokens: a long prompt alone
+on an idle server then prefills in steps of thousands of tokens, as SGLang's and vLLM's do under
+their step budgets, not a chunk a step (each chunk-sized step reads every expert's weights for a
+thousand tokens). Beside decodes with few prompts the budget is one chunk, so nothing is left over
+and the inter-token latency bound is the same.
 """
 from __future__ import annotations
+
+from minisgl.prefill_groups import GROUP_TOKENS
 
 
 def step_prefill_budget(
@@ -42,3 +51,11 @@ def _queue_share(decodes: int, prefilling: int, chunk: int, max_prefill_tokens: 
     if surplus <= 0:
         return chunk
     return chunk + max(0, max_prefill_tokens - chunk) * surplus // (2 * prefilling)
+
+
+def lone_prompt_tokens(chunk: int, max_prefill_tokens: int) -> int:
+    """The most prompt tokens one request may take in a step from budget no other prompt can take:
+    a default GDN group (prefill_groups.GROUP_TOKENS), so its call of the chunked rule holds no
+    more than a group the memory planner measured, and the warm-up ran such steps (engine/warmup.py);
+    never less than a chunk."""
+    return max(chunk, min(max_prefill_tokens, GROUP_TOKENS))

@@ -22,6 +22,9 @@ PROMPT_LENS = (1, 7, 23, 40, 33)  # 5 requests over 4 slots: the fifth prefills 
 ENGINE = dict(dtype="float32", device="cpu", page_size=16, context_length=128, chunked_prefill_size=16,
               max_running_requests=4)
 STEPS = 32
+# A step budget of two chunks: prompts alone would otherwise take their whole length in one step
+# (prefill_budget.lone_prompt_tokens), and these steps are to hold chunks.
+MAX_PREFILL = 32
 REL_TOL = 1e-5
 # (tp, ep): TP 2 and 4, EP 2 and 4 over as many ranks, and TP 4 with 2 expert groups (each expert TP 2).
 LAYOUTS = [(2, 1), (4, 1), (2, 2), (4, 4), (4, 2)]
@@ -46,7 +49,7 @@ def _prompts() -> tuple[tuple[int, ...], ...]:
 
 @pytest.fixture(scope="module")
 def reference(checkpoints):
-    return {name: generate(Engine(resolve_plan(EngineArgs(path, **ENGINE))), _prompts(), STEPS) for name, path in checkpoints.items()}
+    return {name: generate(Engine(resolve_plan(EngineArgs(path, **ENGINE))), _prompts(), STEPS, MAX_PREFILL) for name, path in checkpoints.items()}
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def _case(model: str, tp: int, ep: int) -> object:
 @pytest.mark.parametrize("model,tp,ep", [_case(m, tp, ep) for m in ("qwen35", "qwen3_moe") for tp, ep in LAYOUTS]
                          + [_case("qwen35_fp8", 2, 1)])
 def test_matches_single_rank(hosts, checkpoints, reference, model: str, tp: int, ep: int) -> None:
-    got = hosts.run(Case(checkpoints[model], tp, ep, ENGINE, _prompts(), STEPS))
+    got = hosts.run(Case(checkpoints[model], tp, ep, ENGINE, _prompts(), STEPS, MAX_PREFILL))
     want = reference[model]
     assert got.tokens == want.tokens
     assert got.extend_lens == want.extend_lens

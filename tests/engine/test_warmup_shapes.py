@@ -34,3 +34,14 @@ def test_a_step_of_halves_is_warmed_wherever_the_scheduler_can_build_one(budget:
     possible = any(_pairs((a, b)) for a in range(1000, chunk + 1, 97) for b in range(1000, min(chunk, budget - a) + 1, 97))
     warmed = [s.extend for s in prefill_shapes(budget, chunk, 20000) if _pairs(s.extend)]
     assert bool(warmed) == possible, (warmed, possible)
+
+
+@pytest.mark.parametrize("budget,chunk,max_len,lone", [(16384, 1024, 20000, 4096), (2048, 512, 20000, 2048),
+                                                         (16384, 1024, 3000, 2999), (16384, 8192, 20000, 8192)])
+def test_one_prompt_of_every_size_the_budget_may_grow_it_to_is_warmed(budget: int, chunk: int, max_len: int,
+                                                                      lone: int) -> None:
+    """A prompt alone may take up to prefill_budget.lone_prompt_tokens a step (within max_len): the
+    warm-up runs one prompt of each power of two up to it, one token either side, and it itself."""
+    alone = {s.extend[0] for s in prefill_shapes(budget, chunk, max_len) if len(s.extend) == 1 and not s.prefix[0]}
+    assert lone in alone and max(alone) == lone
+    assert {n for n in (1023, 1024, 1025, 2047, 2048, 2049) if n <= lone} <= alone

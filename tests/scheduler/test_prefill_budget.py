@@ -7,7 +7,7 @@ import pytest
 
 from minisgl.engine.args import EngineArgs
 from minisgl.kvcache.allocator import Admission
-from minisgl.prefill_budget import step_prefill_budget
+from minisgl.prefill_budget import lone_prompt_tokens, step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.request import Request
 from minisgl.scheduler.rules import PROMPT_LOGPROB_TOKENS, plan_batch
@@ -110,3 +110,55 @@ def test_prompt_logprobs_keep_their_own_bound_beside_decodes() -> None:
     queue = deque([Request("w", list(range(3, 403)), scored)])
     items = plan_batch([_decoding(0)], queue, _Pool(), MAX_SEQ, chunk_size=1000, prefill_budget=2000, per_request=5)
     assert [(r.rid, n) for r, n in items] == [("d0", 1), ("w", PROMPT_LOGPROB_TOKENS)]
+
+
+def _prefilling(rid: str, prompt_len: int, computed: int) -> Request:
+    r = Request(rid, list(range(3, 3 + prompt_len)), PARAMS)
+    r.slot, r.num_computed = 1, computed
+    return r
+
+
+@pytest.mark.parametrize(
+    "chunk, max_prefill, expected",
+    [(1024, 16384, 4096), (8192, 16384, 8192), (1024, 2048, 2048), (512, 300, 512)],
+)
+def test_lone_prompt_tokens_are_a_default_gdn_group(chunk: int, max_prefill: int, expected: int) -> None:
+    """A default GDN group's tokens (4096), within the step budget, never less than a chunk."""
+    assert lone_prompt_tokens(chunk, max_prefill) == expected
+
+
+def test_a_lone_prompt_takes_the_budget_nobody_else_can() -> None:
+    """Nothing decodes, nothing waits: a 10,000-token prompt's chunk grows to 4,096, not the step's 16K."""
+    queue = deque([Request("w", list(range(10_000)), PARAMS)])
+    items = plan_batch([], queue, _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=16)
+    assert [(r.rid, n) for r, n in items] == [("w", 4096)]
+
+
+def test_the_leftover_goes_to_the_oldest_prompts_first() -> None:
+    """Two running prompts, 3,000 and 9,000 tokens left, budget 6,000: 1,024 each, then the first to
+    its end (3,000) and the second the rest (3,000 in all)."""
+    running = [_prefilling("p0", 3500, 500), _prefilling("p1", 10_000, 1000)]
+    items = plan_batch(running, deque(), _Pool(), 16_384, chunk_size=1024, prefill_budget=6000, per_request=16)
+    assert [(r.rid, n) for r, n in items] == [("p0", 3000), ("p1", 3000)]
+
+
+def test_beside_decodes_a_lone_prompt_keeps_one_chunk() -> None:
+    """A few decodes and one prompt: the budget is one chunk, so nothing is left to grow it (the
+    inter-token latency bound is unchanged)."""
+    running = [_decoding(i) for i in range(4)] + [_prefilling("p", 10_000, 0)]
+    items = plan_batch(running, deque(), _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=16)
+    assert [(r.rid, n) for r, n in items if n > 1] == [("p", 1024)]
+
+
+def test_admissible_prompts_take_the_budget_before_any_grows() -> None:
+    """20 waiting prompts of 2,000 tokens and a 16K budget: sixteen chunks of 1,024, none grown."""
+    queue = deque(Request(f"w{i}", list(range(2000)), PARAMS) for i in range(20))
+    items = plan_batch([], queue, _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=16)
+    assert [n for _, n in items] == [1024] * 16
+
+
+def test_prompts_scoring_logprobs_are_not_grown() -> None:
+    scored = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=0)
+    queue = deque([Request("w", list(range(3000)), scored)])
+    items = plan_batch([], queue, _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=16)
+    assert [(r.rid, n) for r, n in items] == [("w", PROMPT_LOGPROB_TOKENS)]

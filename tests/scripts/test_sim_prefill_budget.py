@@ -15,9 +15,10 @@ IN_USE, ONE_X, FORMER = RULES  # the rule in use first, then the two it was chos
 
 
 def test_one_request_by_hand() -> None:
-    """A 2,048-token prompt in two 1,024-token chunks (the second yields the first token), then two
+    """A 6,000-token prompt alone: a chunk grown to 4,096 tokens by the budget nobody else takes
+    (prefill_budget.lone_prompt_tokens), then the other 1,904 (yielding the first token), then two
     decodes; 1 ms a step whatever it holds: 4 steps, gaps of 1 ms between the 3 tokens."""
-    figures = replay(Profile(1, 1, 2048, 3, 1.0, 0.0, 0.0), RULES[IN_USE])
+    figures = replay(Profile(1, 1, 6000, 3, 1.0, 0.0, 0.0), RULES[IN_USE])
     assert figures["duration s"] == pytest.approx(0.004)
     assert figures["ITL median ms"] == pytest.approx(1.0)
     assert figures["ITL P99 ms"] == pytest.approx(1.0)

@@ -19,6 +19,7 @@ import torch
 from minisgl.engine.sampler import Sampler
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.allocator import DUMMY_SLOT
+from minisgl.prefill_budget import lone_prompt_tokens
 from minisgl.prefill_groups import GROUP_REQUESTS, PIECE_ALIGN, prefill_calls
 from minisgl.sampling_params import SamplingParams
 
@@ -65,13 +66,15 @@ def most_requests(max_prefill_tokens: int, max_len: int) -> StepShape:
 
 
 def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[StepShape]:
-    """Prefill-only steps, up to the largest: one prompt of each ladder size up to a chunk; several
-    chunks for the larger step sizes; a continued prompt (a later chunk); a mix of lengths. No
-    request is longer than max_len, the longest the page table holds."""
+    """Prefill-only steps, up to the largest: one prompt of each ladder size up to the most one
+    prompt may take (prefill_budget.lone_prompt_tokens); several chunks for the larger step sizes; a
+    continued prompt (a later chunk); a mix of lengths. No request is longer than max_len, the
+    longest the page table holds."""
     chunk = _chunk(chunk, max_prefill_tokens, max_len)
-    shapes = [StepShape((n,), (0,)) for n in size_ladder(chunk) if n > 1]
+    lone = min(lone_prompt_tokens(chunk, max_prefill_tokens), max_len - 1)
+    shapes = [StepShape((n,), (0,)) for n in size_ladder(lone) if n > 1]
     shapes += [largest_prefill(total, chunk, max_len) for total in size_ladder(max_prefill_tokens) if total > chunk]
-    later = min(chunk, max_len // 2)
+    later = min(lone, max_len // 2)
     shapes.append(StepShape((later,), (max_len - later - 1,)))
     mixed = tuple(n for n in (chunk // 2 + 1, 17, 3) if n > 1)
     shapes.append(StepShape(mixed, (0,) * len(mixed)))

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Protocol
 import torch
 
 from minisgl.kvcache.allocator import Admission
-from minisgl.prefill_budget import step_prefill_budget
+from minisgl.prefill_budget import lone_prompt_tokens, step_prefill_budget
 from minisgl.sampling_params import SamplingParams
 from minisgl.scheduler.messages import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, GenerateRequest, RequestOutput
 from minisgl.scheduler.prompt_check import prompt_error
@@ -159,7 +159,7 @@ def plan_batch(
     per_request: int,
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
-    most chunk_size), admitting waiting requests first-come first-served while the pool can reserve
+    most chunk_size, then grown by the budget nobody waiting could take: _top_up), admitting waiting requests first-come first-served while the pool can reserve
     their pages and a slot and no running request is about to cache a prefix of the next one's
     prompt (then it waits for that, a step or two, and reuses it). The step's prompt tokens are at
     most prefill_budget, and while requests decode at most what step_prefill_budget allows beside
@@ -192,4 +192,18 @@ def plan_batch(
         admit(r, pool, max_seq_len)
         running.append(r)
         take(r, chunk_len(r))
-    return items
+    return _top_up(items, budget, lone_prompt_tokens(chunk_size, prefill_budget))
+
+
+def _top_up(items: list[tuple[Request, int]], budget: int, lone: int) -> list[tuple[Request, int]]:
+    """The step's prompt chunks, grown oldest first by `budget` tokens that nobody waiting could
+    take, each to at most `lone` tokens (prefill_budget.lone_prompt_tokens). Chunks scoring prompt
+    logprobs keep their bound."""
+    out = []
+    for r, n in items:
+        if budget > 0 and not r.prefill_done and r.prompt_logprobs is None:
+            extra = min(len(r.prompt_ids) - r.num_computed - n, lone - n, budget)
+            if extra > 0:
+                n, budget = n + extra, budget - extra
+        out.append((r, n))
+    return out
