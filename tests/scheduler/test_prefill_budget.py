@@ -162,3 +162,13 @@ def test_prompts_scoring_logprobs_are_not_grown() -> None:
     queue = deque([Request("w", list(range(3000)), scored)])
     items = plan_batch([], queue, _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=16)
     assert [(r.rid, n) for r, n in items] == [("w", PROMPT_LOGPROB_TOKENS)]
+
+
+def test_beside_decodes_chunks_do_not_grow_into_a_ramped_budget() -> None:
+    """2 decodes and 10 prompts running, none waiting: the budget ramps to 11,776 (prompts outnumber
+    1.5x the decodes), the ten chunks take 10,240 and the rest stays unused: decodes wait behind no
+    more prompt tokens than ten chunks."""
+    running = [_decoding(i) for i in range(2)] + [_prefilling(f"p{i}", 10_000, 0) for i in range(10)]
+    items = plan_batch(running, deque(), _Pool(), 16_384, chunk_size=1024, prefill_budget=16_384, per_request=0)
+    assert step_prefill_budget(2, 10, 12, 1024, 0, 16_384) == 11_776
+    assert [n for r, n in items if n > 1] == [1024] * 10

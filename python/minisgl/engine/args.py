@@ -44,8 +44,9 @@ class EngineArgs:
     # chunk costs as much per token as a 4096-token one, and keeps ITL P99 within 1.3x the median at
     # 8K/256 c=32 (4096: 7.8x), for 0.82x the total throughput and 5.5x the TTFT median there.
     chunked_prefill_size: int = arg(1024, "max prompt tokens of one request per step, and of all requests per step "
-                                          "while few others decode (bounds the inter-token latency); step budget "
-                                          "that no other prompt can take grows a request's chunk up to 4096 tokens")
+                                          "while few others decode (bounds the inter-token latency); in a step "
+                                          "without decodes, budget no other prompt can take grows a request's chunk "
+                                          "up to 4096 tokens")
     prefill_tokens_per_request: int = arg(
         16, "while requests decode, prompt tokens a step may take for each request running or waiting, when "
             "that is more than --chunked-prefill-size (at most --max-prefill-tokens): a crowd of requests is "

@@ -16,8 +16,8 @@ DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
 @dataclass(frozen=True)
 class SchedulerArgs:
     max_prefill_tokens: int = arg(16384, "max prompt tokens of all requests per step (each request's chunk is at "
-                                         "most --chunked-prefill-size, or up to 4096 tokens where no other prompt can "
-                                         "take the budget)")
+                                         "most --chunked-prefill-size, or in a step without decodes up to 4096 tokens "
+                                         "where no other prompt can take the budget)")
     schedule_policy: str = arg(
         "fcfs", "which waiting request is admitted next: fcfs (first come, first served) or lpm (the longest prefix "
                 "the cache holds first while at most 128 wait: an agent's next call takes its finished call over "

@@ -159,7 +159,8 @@ def plan_batch(
     per_request: int,
 ) -> list[tuple[Request, int]]:
     """(request, tokens to feed) for one step: every decodable request, then prefill chunks (each at
-    most chunk_size, then grown by the budget nobody waiting could take: _top_up), admitting waiting requests first-come first-served while the pool can reserve
+    most chunk_size; in steps without decodes grown by the budget nobody waiting could take:
+    _top_up), admitting waiting requests first-come first-served while the pool can reserve
     their pages and a slot and no running request is about to cache a prefix of the next one's
     prompt (then it waits for that, a step or two, and reuses it). The step's prompt tokens are at
     most prefill_budget, and while requests decode at most what step_prefill_budget allows beside
@@ -167,8 +168,9 @@ def plan_batch(
     are present or prompts outnumber the decodes, so a crowd or a queue of long prompts is prefilled
     as fast as the GPU can."""
     items = [(r, 1) for r in running if decodable(r, max_seq_len)]
+    decoding = len(items)
     prefilling = len(waiting) + sum(not r.prefill_done for r in running)
-    budget = step_prefill_budget(len(items), prefilling, len(running) + len(waiting), chunk_size, per_request,
+    budget = step_prefill_budget(decoding, prefilling, len(running) + len(waiting), chunk_size, per_request,
                                  prefill_budget)
     logprob_budget = PROMPT_LOGPROB_TOKENS
 
@@ -192,7 +194,7 @@ def plan_batch(
         admit(r, pool, max_seq_len)
         running.append(r)
         take(r, chunk_len(r))
-    return _top_up(items, budget, lone_prompt_tokens(chunk_size, prefill_budget))
+    return _top_up(items, budget if not decoding else 0, lone_prompt_tokens(chunk_size, prefill_budget))
 
 
 def _top_up(items: list[tuple[Request, int]], budget: int, lone: int) -> list[tuple[Request, int]]:

@@ -1,8 +1,8 @@
 """The colocated scheduler: continuous batching over one Engine (implements RequestScheduler).
 
 Each step runs every decoding request plus prefill chunks: each chunk at most
-chunked_prefill_size tokens (more where the step budget has room no other prompt can take:
-prefill_budget.py), all of them at most max_prefill_tokens. Waiting requests are admitted
+chunked_prefill_size tokens (more in a step without decodes whose budget has room no other prompt
+can take: prefill_budget.py), all of them at most max_prefill_tokens. Waiting requests are admitted
 first-come first-served while the pool can reserve their pages (for prompt + max_tokens) and a
 state slot; one that does not fit yet waits, one that can never fit is rejected by add_request.
 
