@@ -9,8 +9,9 @@ a_ms + b_us x prompt tokens + d_us x decoding requests. It prints, for the budge
 (prefill_budget.step_prefill_budget) and for the rules it replaced, each profile's duration and
 the ITL median and P99 (each request's gaps between output tokens), so a rule can be chosen
 before it takes device time. The costs are fitted to measured steps (docs/benchmarks.md,
-eleventh session): with them the replay of vLLM's Long Context profile on the 35B lands within 1%
-of the served durations under both rules measured (78.4 and 73.8 s). The pool is not modelled
+eleventh session), the Long Context profile's to its latest served run (twenty-third session: 66.6 s
+and an ITL median of 85.8 ms, replayed as 66.6 s and 85.7 ms; 17.2 us a prompt token, what the step
+it is served in costs alone, 16.4-17.1 us on an H100 in the twenty-fourth session). The pool is not modelled
 (every request is admitted when the budget reaches it), nor prefix caching, nor sampling.
 """
 from __future__ import annotations
@@ -44,13 +45,13 @@ class Profile:
 
 
 # 122B: a 16K-token step at ~33 us a token (bench_prefill.py), 32 decodes at 8K in ~32 ms.
-# 35B: 16 x 1024 at ~16 us a token, ~20 us after a 16K prefix; 200 decodes in ~24 ms.
+# 35B: 16 x 1024 at ~16 us a token, ~17 us after a 16K prefix; 200 decodes in ~24 ms.
 PROFILES = {
     "122B 8K/256 c=32": Profile(64, 32, 8192, 256, 30.0, 33.0, 60.0),
     "122B 8K/256 c=64": Profile(128, 64, 8192, 256, 30.0, 33.0, 60.0),
     "35B Throughput 1024/128 x1000 c=512": Profile(1000, 512, 1024, 128, 12.0, 16.0, 60.0),
     "35B Generation Heavy 1000/2000 x200": Profile(200, 200, 1000, 2000, 12.0, 16.0, 60.0),
-    "35B Long Context 32000/100 x100": Profile(100, 100, 32000, 100, 12.0, 20.0, 150.0),
+    "35B Long Context 32000/100 x100": Profile(100, 100, 32000, 100, 12.0, 17.2, 150.0),
 }
 
 Rule = Callable[[int, int, int, int, int, int], int]
