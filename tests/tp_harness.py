@@ -18,6 +18,8 @@ from datetime import timedelta
 
 import torch
 
+from minisgl.scheduler.args import SchedulerArgs
+
 WORLD = 4
 _CASE_TIMEOUT_S = 300.0
 
@@ -30,7 +32,7 @@ class Case:
     engine: dict = field(default_factory=dict)
     prompts: tuple[tuple[int, ...], ...] = ()
     max_tokens: int = 32
-    max_prefill_tokens: int = 16384  # the scheduler's step budget (small: prompts split into chunks)
+    max_prefill_tokens: int = SchedulerArgs.max_prefill_tokens  # the step budget (small: prompts split into chunks)
 
 
 @dataclass
@@ -41,10 +43,9 @@ class Result:
     error: str | None = None
 
 
-def generate(engine, prompts, max_tokens: int, max_prefill_tokens: int = 16384) -> Result:
+def generate(engine, prompts, max_tokens: int, max_prefill_tokens: int = SchedulerArgs.max_prefill_tokens) -> Result:
     """Greedy tokens of every prompt through the colocated Scheduler, and each step's logits."""
     from minisgl.sampling_params import SamplingParams
-    from minisgl.scheduler.args import SchedulerArgs
     from minisgl.scheduler.messages import GenerateRequest
     from minisgl.scheduler.scheduler import Scheduler
 
