@@ -61,8 +61,21 @@ SETUPS: dict[str, tuple[str, dict[str, str], Callable[[Engine], None]]] = {
 }
 
 
+# oneDNN's bf16 GEMMs round by the CPU they find: on a CPU with AMX the trained model's bf16 gap change
+# measured 0.611, with AVX-512 alone 0.383, through ATen's own GEMM (fp32 sums, one rounding of each
+# output) 0.258. The bars are for the dtype's rounding, not for one CPU's GEMM, so the candidate runs
+# ATen's on every machine.
 @pytest.mark.parametrize("bound_name", sorted(SETUPS))
 def test_rounding_alone_meets_the_bars(tiny_checkpoints: dict[str, str], bound_name: str) -> None:
+    enabled = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    try:
+        _meets_the_bars(tiny_checkpoints, bound_name)
+    finally:
+        torch.backends.mkldnn.enabled = enabled
+
+
+def _meets_the_bars(tiny_checkpoints: dict[str, str], bound_name: str) -> None:
     ckpt, flags, rounding = SETUPS[bound_name]
     path = tiny_checkpoints[ckpt]
     prompts = heldout_prompts(path)
