@@ -2,6 +2,7 @@
 weights, against the roofline of the bytes each step must read.
 
     python benchmarks/bench_decode.py [--model NAME] [--layers N] [--batches 1,8,32,64] [--contexts 1024,8192]
+        [--kv-cache-dtype fp8_e4m3] [--mamba-ssm-dtype bfloat16]
 
 The engine runs `--load-format dummy` on the real config (seeded random weights in the FP8
 layout), the Triton backends and CUDA graphs. For each context and batch, every request sits at
@@ -141,6 +142,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--contexts", default="1024,8192")
     ap.add_argument("--kv-cache-dtype", default="auto", help="the engine's flag (fp8_e4m3: half the K/V bytes)")
+    ap.add_argument("--mamba-ssm-dtype", default=None, help="the engine's flag (bfloat16: half the GDN state bytes)")
     cli = ap.parse_args()
     batches = [int(b) for b in cli.batches.split(",")]
     contexts = [int(c) for c in cli.contexts.split(",")]
@@ -156,7 +158,7 @@ def main() -> None:
         json.dump(raw, open(cfg_file, "w"))
     context_cap = max(contexts) + 64
     plan = plan_bytes(EngineArgs(path, load_format="dummy", context_length=context_cap, max_running_requests=1,
-                                 kv_cache_dtype=cli.kv_cache_dtype))
+                                 kv_cache_dtype=cli.kv_cache_dtype, mamba_ssm_dtype=cli.mamba_ssm_dtype))
     torch.cuda.empty_cache()  # the copy's buffers: free for the engine, so count them as free
     free, total = torch.cuda.mem_get_info()
     budget = free - plan.weights - RESERVE
@@ -171,7 +173,8 @@ def main() -> None:
         raise SystemExit("the weights leave no room for one request at the longest context; use fewer --layers")
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=context_cap, page_size=64,
                                max_running_requests=max_running, num_pages=int(num_pages),
-                               cuda_graph_max_bs=max_running, kv_cache_dtype=cli.kv_cache_dtype)))
+                               cuda_graph_max_bs=max_running, kv_cache_dtype=cli.kv_cache_dtype,
+                               mamba_ssm_dtype=cli.mamba_ssm_dtype)))
     pool = engine.pool
     for cache in (pool.kv.k, pool.kv.v):  # random K/V, as the cache holds them: attention is not timed on zeros
         for rows in cache.flatten(0, 1).split(1 << 16):  # FP8 has no normal_: cast from a bounded temporary

@@ -40,8 +40,10 @@ MIN_TOP1 = 0.99
 # Bounds on the change of a top-1/top-2 logit gap (the trained model's logits have std ~5), about
 # twice the largest change measured on the CPU (max over these continuations: 0.31 for bf16
 # rounding everywhere, 1.08 for FP8 block-128 weights with bf16 compute and FP8 activations, 0.38
-# for the FP8 AFD dispatch of the experts' input, 0.62 for an FP8 K/V cache in an fp32 model).
-GAP_BOUND = {"bfloat16": 0.7, "fp8": 2.2, "fp8_dispatch": 0.8, "fp8_kv": 1.3}
+# for the FP8 AFD dispatch of the experts' input, 0.62 for an FP8 K/V cache in an fp32 model, 0.023
+# through decode steps for a bf16 SSM state in an fp32 model: the tiny model's states decay within a
+# few dozen tokens, so this bound says nothing of long contexts).
+GAP_BOUND = {"bfloat16": 0.7, "fp8": 2.2, "fp8_dispatch": 0.8, "fp8_kv": 1.3, "bf16_state": 0.06}
 
 
 # The prompts, pinned as token ids: a machine whose standard library differs from the pinned corpus

@@ -62,10 +62,15 @@ def mixer_step(backend, inp, params, conv_state, ssm_state, slots, cu, shape):
     return delta_prefill(backend, delta, cu, ssm_state, slots)[0]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# (activations, SSM pool): fp32 throughout, and the served bf16 model with either pool (--mamba-ssm-dtype).
+DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("dtype,state_dtype", DTYPES, ids=["fp32", "bf16", "bf16_state"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", BACKENDS)
-def test_backend_matches_torch(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+def test_backend_matches_torch(name: str, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                               state_dtype: torch.dtype) -> None:
     h, hv, dk, dv = shape
     channels = 2 * h * dk + hv * dv
     params = dict(
@@ -74,11 +79,11 @@ def test_backend_matches_torch(name: str, shape: tuple[int, int, int, int], dtyp
         dt_bias=torch.randn(hv, device=DEVICE),
     )
     conv0 = torch.randn(NUM_SLOTS + 1, channels, WIDTH - 1, dtype=dtype, device=DEVICE)
-    ssm0 = torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE) * 0.3
+    ssm0 = (torch.randn(NUM_SLOTS + 1, hv, dk, dv, device=DEVICE) * 0.3).to(state_dtype)
     lengths = [1, 3, 100, 65]
     slots = random_slots(len(lengths), NUM_SLOTS)
     cu = F.pad(torch.tensor(lengths, device=DEVICE).cumsum(0), (1, 0)).to(torch.int32)
-    tol = TOL.get((name, dtype), BF16_TOL)
+    tol = TOL.get((name, dtype), BF16_TOL) if state_dtype == torch.float32 else BF16_TOL
 
     states = {}
     for which in ("torch", name):
@@ -93,6 +98,7 @@ def test_backend_matches_torch(name: str, shape: tuple[int, int, int, int], dtyp
     (ref_outs, ref_conv, ref_ssm), (outs, conv, ssm) = states["torch"], states[name]
     for step, (o, r) in enumerate(zip(outs, ref_outs)):
         assert_close(o, r, tol, f"{name} step {step} output")
+    assert ssm.dtype == state_dtype
     assert_close(ssm[slots], ref_ssm[slots], tol, f"{name} final SSM state")
     assert torch.equal(conv[slots], ref_conv[slots]), "conv windows are copies of inputs: exact"
     untouched = others(slots, NUM_SLOTS + 1)

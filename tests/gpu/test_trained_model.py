@@ -7,6 +7,7 @@ identical wherever the reference's top-1/top-2 logit gap exceeds the dtype's bou
 - FP8: the FP8 checkpoint held in FP8 (block-128 Triton GEMMs with FP8 activations, fused FP8 MoE,
   CUDA graphs), against the reference on its dequantised weights.
 - FP8 K/V cache: the BF16 run with --kv-cache-dtype fp8_e4m3.
+- BF16 SSM state: the BF16 run with --mamba-ssm-dtype bfloat16 (the decode kernel rounds the state).
 
 A random model's logits are near-tied too often for these bars (test_fp8_model.py's history:
 0.904 teacher-forced top-1 on the random FP8 model); the trained one's are not.
@@ -14,6 +15,7 @@ A random model's logits are near-tied too often for these bars (test_fp8_model.p
 from __future__ import annotations
 
 import pytest
+import torch
 
 from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, SEAM, decode_logits, greedy, greedy_check,
                        heldout_prompts, prefill_logits, reference, scored, top1_agreement)
@@ -60,3 +62,10 @@ def test_fp8_kv_cache_follows_the_reference() -> None:
     gpu = _check(trained_model_path(fp8=False), GAP_BOUND["bfloat16"] + GAP_BOUND["fp8_kv"], dtype="bfloat16",
                  kv_cache_dtype="fp8_e4m3", **KERNELS)
     assert gpu.engine.pool.kv.k.dtype == FP8_DTYPE
+
+
+def test_bf16_ssm_state_follows_the_reference() -> None:
+    """--mamba-ssm-dtype bfloat16 on the BF16 run: the two roundings' gap bounds add."""
+    gpu = _check(trained_model_path(fp8=False), GAP_BOUND["bfloat16"] + GAP_BOUND["bf16_state"], dtype="bfloat16",
+                 mamba_ssm_dtype="bfloat16", **KERNELS)
+    assert gpu.engine.pool.state.ssm.dtype == torch.bfloat16

@@ -15,12 +15,14 @@ margin for the GPU's other summation orders. A retrained model without these mar
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
 
-from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, gap_change, greedy, greedy_check, heldout_prompts,
-                       heldout_prompts_from_corpus, prefill_logits, reference, scored, top1_agreement)
+from agreement import (GAP_BOUND, GREEDY_STEPS, MIN_TOP1, SEAM, decode_logits, gap_change, greedy, greedy_check,
+                       heldout_prompts, heldout_prompts_from_corpus, prefill_logits, reference, scored,
+                       top1_agreement)
 from gpu.fp8_refs import emulate_fp8_activations, quantize_acts
 from minisgl import LLM
 from minisgl.engine.engine import Engine
@@ -58,7 +60,11 @@ SETUPS: dict[str, tuple[str, dict[str, str], Callable[[Engine], None]]] = {
     "fp8": ("trained_fp8", dict(dtype="bfloat16"), _round_fp8_activations),
     "fp8_dispatch": ("trained", dict(dtype="float32"), _round_dispatch),
     "fp8_kv": ("trained", dict(dtype="float32", kv_cache_dtype="fp8_e4m3"), lambda engine: None),
+    "bf16_state": ("trained", dict(dtype="float32", mamba_ssm_dtype="bfloat16"), lambda engine: None),
 }
+# Roundings that happen between steps (the pool's), which one prefill of a whole continuation never
+# meets: scored through decode steps instead, one token a step.
+BETWEEN_STEPS = {"bf16_state"}
 
 
 # oneDNN's bf16 GEMMs round by the CPU they find: on a CPU with AMX the trained model's bf16 gap change
@@ -83,10 +89,17 @@ def _meets_the_bars(tiny_checkpoints: dict[str, str], bound_name: str) -> None:
     candidate = LLM(path, **flags, **CPU)
     if "kv_cache_dtype" in flags:
         assert candidate.engine.pool.kv.k.dtype == torch.float8_e4m3fn
+    if "mamba_ssm_dtype" in flags:
+        assert candidate.engine.pool.state.ssm.dtype == torch.bfloat16
     rounding(candidate.engine)
     bound = GAP_BOUND[bound_name]
-    logits = [prefill_logits(candidate.engine, p, t) for p, t in zip(prompts, ref.tokens)]
-    agreement, change = top1_agreement(ref, scored(logits)), gap_change(ref, logits)
+    if bound_name in BETWEEN_STEPS:
+        logits = decode_logits(candidate.engine, prompts, ref.tokens, SEAM)
+        agreement, change = top1_agreement(ref, logits), gap_change(replace(ref, logits=scored(ref.logits)), logits)
+        assert float(change.max()) > 0, "no logit moved: the decode steps never read a rounded state"
+    else:
+        logits = [prefill_logits(candidate.engine, p, t) for p, t in zip(prompts, ref.tokens)]
+        agreement, change = top1_agreement(ref, scored(logits)), gap_change(ref, logits)
     check = greedy_check(ref, [list(r.token_ids) for r in candidate.generate(prompts, greedy(GREEDY_STEPS))], bound)
     print(f"{bound_name}: teacher-forced top-1 {agreement:.4f}; top-2 gap change median {change.median():.3f}, "
           f"max {change.max():.3f} (bound {bound}); greedy: {check.compared} steps compared, {check.parted} parted")

@@ -1,4 +1,6 @@
-"""One recurrent gated-delta step per request, in place on the pooled fp32 SSM state.
+"""One recurrent gated-delta step per request, in place on the pooled SSM state (fp32, or bf16 with
+--mamba-ssm-dtype bfloat16: half the bytes a step moves, the math still fp32, the state rounded once
+a step as the torch reference rounds it).
 
 A program owns the [K, BLOCK_V] column block `vb` of value head `hv` of one request and does all
 of it in one pass over the state: gates, L2 norms, decay, delta update, output, write-back.
@@ -13,6 +15,7 @@ import triton
 import triton.language as tl
 
 L2NORM_EPS = 1e-6
+STATE_DTYPES = (torch.float32, torch.bfloat16)  # the pool's, engine/args.py SSM_DTYPES
 
 
 @triton.jit
@@ -32,7 +35,7 @@ def _gated_delta_decode_kernel(
 
     state = state_ptr + slot * stride_slot + hv * (K * V) + ok[:, None] * V + ov[None, :]
     # Issue the big load first so the small ones and the gate math overlap with it.
-    s = tl.load(state, mask=live, other=0.0)
+    s = tl.load(state, mask=live, other=0.0).to(tl.float32)
 
     q = tl.load(q_ptr + row * stride_q + hk * K + ok).to(tl.float32)
     k = tl.load(k_ptr + row * stride_k + hk * K + ok).to(tl.float32)
@@ -48,7 +51,7 @@ def _gated_delta_decode_kernel(
     u = beta * (v - tl.sum(s * k[:, None], axis=0))
     s = s + k[:, None] * u[None, :]
     o = tl.sum(s * q[:, None], axis=0)
-    tl.store(state, s, mask=live)
+    tl.store(state, s.to(state_ptr.dtype.element_ty), mask=live)
     o = tl.where(live, o, 0.0)
     tl.store(out_ptr + row * stride_out + hv * V + ov, o.to(out_ptr.dtype.element_ty))
 
@@ -73,12 +76,13 @@ def gated_delta_decode(
     block_v: int = 64,  # fastest on the H200 at 122B shapes (benchmarks/bench_gdn_attention.py --sweep)
     num_warps: int = 4,
 ) -> torch.Tensor:
-    """q, k [B, H, K], v [B, HV, V], a, b [B, HV], A_log, dt_bias [HV], ssm_state [S, HV, K, V] fp32,
-    slots [B] -> o [B, HV, V] in v's dtype; ssm_state[slots] advances one token in place."""
+    """q, k [B, H, K], v [B, HV, V], a, b [B, HV], A_log, dt_bias [HV], ssm_state [S, HV, K, V] fp32 or
+    bf16, slots [B] -> o [B, HV, V] in v's dtype; ssm_state[slots] advances one token in place."""
     batch, heads, dk = q.shape
     v_heads, dv = v.shape[1], v.shape[2]
-    if ssm_state.dtype != torch.float32 or not ssm_state[0].is_contiguous():
-        raise ValueError("the SSM state pool must be fp32 with packed [HV, K, V] slots")
+    if ssm_state.dtype not in STATE_DTYPES or not ssm_state[0].is_contiguous():
+        raise ValueError(f"the SSM state pool must be fp32 or bf16 with packed [HV, K, V] slots, got "
+                         f"{ssm_state.dtype} with strides {ssm_state.stride()}")
     if ssm_state.shape[1:] != (v_heads, dk, dv) or v_heads % heads:
         raise ValueError(f"state {tuple(ssm_state.shape)} does not fit q {tuple(q.shape)}, v {tuple(v.shape)}")
     if dk & (dk - 1) or dv & (dv - 1):
