@@ -26,14 +26,44 @@ _armed = False  # set once a warm-up has finished: compiles outside warm-ups are
 
 
 _previous_hook: Any = None
+# Per kernel, each compiled variant's arguments as Triton specialised them: {name: (type, spec)}, e.g.
+# ("*i64", "D") for a pointer aligned to 16 bytes, ("i32", "") for an int of no particular divisibility.
+_variants: dict[str, list[dict[str, tuple]]] = {}
+
+
+def specialisation(kwargs: dict[str, Any]) -> dict[str, tuple] | None:
+    """The arguments' specialisation from the hook's key (Triton 3.x: (per-argument tuples, options));
+    None where the key has another form. The hook's own `repr` pairs the parameters with the options
+    string, so it names no argument."""
+    key, fn = kwargs.get("key"), kwargs.get("fn")
+    params = getattr(getattr(fn, "jit_function", None), "params", None)
+    if not (isinstance(key, tuple) and key and isinstance(key[0], tuple) and params and len(params) == len(key[0])):
+        return None
+    args = {p.name: tuple(spec) if isinstance(spec, (tuple, list)) else (spec,) for p, spec in zip(params, key[0])}
+    return {**args, "options": tuple(key[1:])}  # num_warps, num_stages, ...: a variant may differ only there
+
+
+def new_in(variant: dict[str, tuple], earlier: list[dict[str, tuple]]) -> str:
+    """What sets `variant` apart from the closest earlier variant of its kernel: the arguments whose
+    specialisation differs, as `name old -> new`."""
+    if not earlier:
+        return "its first variant"
+    closest = min(earlier, key=lambda e: sum(e.get(k) != v for k, v in variant.items()))
+    return ", ".join(f"{k} {closest.get(k)} -> {v}" for k, v in variant.items() if closest.get(k) != v) or "none"
 
 
 def _on_compile(**kwargs: Any) -> Any:
     name = getattr(kwargs["fn"], "name", kwargs["repr"])
+    variant = specialisation(kwargs)
     with _lock:
         _compiles[name] += 1
+        earlier = list(_variants.get(name, ()))
+        if variant is not None:
+            _variants.setdefault(name, []).append(variant)
     if _armed and not _warming:
-        logger.warning("Triton compiled %s after warm-up: %s", name, kwargs["repr"])
+        what = kwargs["repr"] if variant is None else f"arguments that differ from its closest earlier variant: " \
+                                                        f"{new_in(variant, earlier)}"
+        logger.warning("Triton compiled %s after warm-up; %s", name, what)
     return _previous_hook(**kwargs) if _previous_hook is not None else None
 
 
