@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minisgl.engine.warmup import StepShape, mixed_shapes, prefill_shapes
+from minisgl.prefill_budget import lone_prompt_tokens
 from minisgl.prefill_groups import prefill_calls
 
 
@@ -28,10 +29,14 @@ def _pairs(lengths) -> bool:
 @pytest.mark.parametrize("budget,chunk", [(8192, 8192), (16384, 16384), (4500, 4000), (16384, 8192), (8194, 4097),
                                           (16384, 1024), (16384, 4096), (2048, 2048)])
 def test_a_step_of_halves_is_warmed_wherever_the_scheduler_can_build_one(budget: int, chunk: int) -> None:
-    """If any step of two prompts of up to a chunk within the budget runs as halves, a prefill
-    warm-up step does (the Triton conv's row-map variant compiles before ready); if none can, no
-    warm-up step is spent on it."""
-    possible = any(_pairs((a, b)) for a in range(1000, chunk + 1, 97) for b in range(1000, min(chunk, budget - a) + 1, 97))
+    """If any step of two prompts within the budget runs as halves, a prefill warm-up step does (the
+    Triton conv's row-map variant compiles before ready); if none can, no warm-up step is spent on it.
+    A prompt takes up to a chunk, or up to lone_prompt_tokens where budget nobody else can take grows
+    it (two 4K prompts under the defaults, where two 1K chunks share a group: the 122B's served 8K
+    rows compiled the conv's row-map variant after ready before the warm-up counted them)."""
+    longest = lone_prompt_tokens(chunk, budget)
+    possible = any(_pairs((a, b)) for a in range(1000, longest + 1, 97)
+                   for b in range(1000, min(longest, budget - a) + 1, 97))
     warmed = [s.extend for s in prefill_shapes(budget, chunk, 20000) if _pairs(s.extend)]
     assert bool(warmed) == possible, (warmed, possible)
 

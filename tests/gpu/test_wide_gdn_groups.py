@@ -13,6 +13,7 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.engine import compile_watch, device_memory
 from minisgl.models.tiny.make import make_tiny_model
+from minisgl.prefill_budget import lone_prompt_tokens
 from minisgl.prefill_groups import prefill_calls
 
 pytestmark = pytest.mark.gpu
@@ -36,22 +37,34 @@ def test_whole_step_gdn_groups_warm_every_group_size(tmp_path) -> None:
         llm.close()
 
 
-def test_lone_prompts_as_halves_compile_nothing_after_warm_up(tmp_path, monkeypatch) -> None:
-    """Groups of 4,096 tokens, as the 122B keeps (here by refusing whole-step groups), and chunks of
-    the whole budget (16,384 tokens): no warm-up step of chunks pairs lone prompts, yet a step of two
-    long prompts runs as halves, through the conv's row-map variant (ours, with or without fla).
-    The warm-up's own step of halves (engine/warmup.py, halves_shape) must have compiled it."""
+# (--chunked-prefill-size, prompt lengths sent together): chunks of the whole budget, where two long
+# prompts' chunks pair as they are; and the default chunk of 1,024, where two 1K chunks share a group
+# but budget nobody else can take grows both prompts to 4,096 tokens (prefill_budget.lone_prompt_tokens),
+# which pair: the served 122B compiled the conv's row-map variant after ready at such a step.
+HALVES_STEPS = {"chunks of the budget": (16384, ([8192, 8192], [5000, 7000])),
+                "grown chunks": (None, ([8192, 8192],))}
+
+
+@pytest.mark.parametrize("case", sorted(HALVES_STEPS))
+def test_lone_prompts_as_halves_compile_nothing_after_warm_up(tmp_path, monkeypatch, case: str) -> None:
+    """Groups of 4,096 tokens, as the 122B keeps (here by refusing whole-step groups): no warm-up step
+    of chunks pairs lone prompts, yet a step of two long prompts runs as halves, through the conv's
+    row-map variant (ours, with or without fla). The warm-up's own step of halves (engine/warmup.py,
+    halves_shape) must have compiled it."""
+    chunk, steps = HALVES_STEPS[case]
     monkeypatch.setattr(device_memory, "wide_groups_pay", lambda growth, room: False)
     path = make_tiny_model(str(tmp_path), seed=7, overrides={"linear_num_key_heads": 16, "linear_num_value_heads": 16,
                                                                "max_position_embeddings": 32768})
-    llm = LLM(path, device="cuda", dtype="bfloat16", chunked_prefill_size=16384)
+    llm = LLM(path, device="cuda", dtype="bfloat16", **({} if chunk is None else {"chunked_prefill_size": chunk}))
     try:
         assert llm.engine.gdn_group_tokens is None, "the engine must keep the default groups of 4,096 tokens"
+        grown = lone_prompt_tokens(llm.scheduler.chunk_size, llm.scheduler.prefill_budget)
         before = compile_watch.compile_count()
         greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
         g = torch.Generator().manual_seed(5)
-        for lengths in ([8192, 8192], [5000, 7000]):
-            assert any(p.offset for call in prefill_calls(lengths) for p in call), f"{lengths} must run as halves"
+        for lengths in steps:
+            first = [min(n, grown) for n in lengths]  # the first step's chunks, both prompts alone in it
+            assert any(p.offset for call in prefill_calls(first) for p in call), f"{first} must run as halves"
             llm.generate([torch.randint(0, 500, (n,), generator=g).tolist() for n in lengths], greedy)
         assert compile_watch.compile_count() == before, compile_watch.summary()
     finally:

@@ -19,6 +19,7 @@ from minisgl.afd.mb_split import split
 from minisgl.afd.protocol import WarmupReply, WarmupStep
 from minisgl.engine.plan import EnginePlan
 from minisgl.engine.warmup import StepShape, decode_shapes, halves_shape, mixed_shapes, prefill_shapes, size_ladder
+from minisgl.prefill_budget import lone_prompt_tokens
 
 
 def wanted(mode: str, devices: list[str]) -> bool:
@@ -35,7 +36,7 @@ def lane_shapes(plan: EnginePlan, graph_buckets: tuple[int, ...], num_mb: int,
     top = lane_prompt_tokens(plan, max_prefill_tokens)
     steps = [(s, False) for s in prefill_shapes(top, chunk, max_len)]
     # Split into micro-batches, prefill_shapes' step of halves may pair nothing: one pair in each.
-    if (pair := halves_shape(top // num_mb, min(chunk, max_len - 1))) is not None:
+    if (pair := halves_shape(top // num_mb, min(lone_prompt_tokens(chunk, top), max_len - 1))) is not None:
         steps.append((StepShape(pair.extend * num_mb, pair.prefix * num_mb), False))
     if graph_buckets:  # a graph's shape per bucket; decodes beyond the largest run eagerly
         sizes = [b * num_mb for b in graph_buckets]

@@ -82,17 +82,18 @@ def prefill_shapes(max_prefill_tokens: int, chunk: int, max_len: int) -> list[St
     many = min(2 * GROUP_REQUESTS, max_prefill_tokens // 17)
     if many > 1:
         shapes.append(StepShape((min(17, max_len - 1),) * many, (0,) * many))
-    halves = halves_shape(max_prefill_tokens, chunk)
+    halves = halves_shape(max_prefill_tokens, lone)
     return shapes + ([halves] if halves else [])
 
 
-def halves_shape(max_prefill_tokens: int, chunk: int) -> StepShape | None:
-    """Two prompts of up to a chunk that run as halves (prefill_groups.prefill_calls) under the
-    default group bound, when the budget holds such a step: the conv's row-map variant compiles
-    here, not at the first such step served (the other warm-up steps need not pair, e.g. with the
-    budget one chunk). Under whole-step groups no prompt runs alone, so none pairs. None if no pair
-    fits."""
-    a = min(chunk, max_prefill_tokens // 2)
+def halves_shape(max_prefill_tokens: int, longest: int) -> StepShape | None:
+    """Two prompts of up to `longest` tokens each (the most a step gives one prompt: a chunk, or what
+    budget nobody else can take grows it to, prefill_budget.lone_prompt_tokens) that run as halves
+    (prefill_groups.prefill_calls) under the default group bound, when the budget holds such a step:
+    the conv's row-map variant compiles here, not at the first such step served (the other warm-up
+    steps need not pair: two 1K chunks share a group, two 4K prompts grown alone do not). Under
+    whole-step groups no prompt runs alone, so none pairs. None if no pair fits."""
+    a = min(longest, max_prefill_tokens // 2)
     # Equal lengths first (micro-batches of a split step pair whichever two they get); the cuts'
     # rounding can refuse one length.
     for b in (a, a - PIECE_ALIGN, a - 2 * PIECE_ALIGN):
