@@ -1,6 +1,6 @@
 """GDN and paged-attention kernels against the device's copy bandwidth and fla, in one process.
 
-    python benchmarks/bench_gdn_attention.py [--sweep] [--ns 1,8,...]
+    python benchmarks/bench_gdn_attention.py [--sweep] [--ns 1,8,...] [--ssm-dtype bfloat16] [--gdn-only]
 
 Measures, in this order and in the same run: a large device-to-device copy (the bandwidth ceiling,
 read + write counted); our in-place GDN decode vs fla's fused_recurrent_gated_delta_rule, plain
@@ -87,27 +87,27 @@ def gdn_inputs(n: int) -> dict[str, torch.Tensor]:
     )
 
 
-def gdn_pool(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    pool = torch.randn(n + 1, HV, DK, DV, device=DEV) * 0.1
+def gdn_pool(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    pool = (torch.randn(n + 1, HV, DK, DV, device=DEV) * 0.1).to(dtype)
     return pool, torch.randperm(n, device=DEV) + 1
 
 
-def sweep_gdn(ns: list[int]) -> None:
-    print("\nGDN decode tilings (block_v, num_warps): us at N =", ns)
+def sweep_gdn(ns: list[int], dtype: torch.dtype) -> None:
+    print(f"\nGDN decode tilings (block_v, num_warps), {dtype} state: us at N =", ns)
     for block_v, warps in [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]:
         times = []
         for n in ns:
-            inp, (pool, slots) = gdn_inputs(n), gdn_pool(n)
+            inp, (pool, slots) = gdn_inputs(n), gdn_pool(n, dtype)
             tiling = dict(block_v=block_v, num_warps=warps)
             times.append(try_time_us(lambda: gated_delta_decode(**inp, ssm_state=pool, slots=slots, **tiling)))
         print(f"  ({block_v:3d}, {warps}): " + "  ".join(f"{t:8.1f}" for t in times))
 
 
-def gdn_decode_rows(ns: list[int], copy: float) -> list[Row]:
+def gdn_decode_rows(ns: list[int], copy: float, dtype: torch.dtype) -> list[Row]:
     rows = []
     for n in ns:
-        inp, (pool, slots) = gdn_inputs(n), gdn_pool(n)
-        state_bytes = 2 * n * HV * DK * DV * 4  # read + write
+        inp, (pool, slots) = gdn_inputs(n), gdn_pool(n, dtype)
+        state_bytes = 2 * n * HV * DK * DV * dtype.itemsize  # read + write
         ours = time_us(lambda: gated_delta_decode(**inp, ssm_state=pool, slots=slots))
         fla = None
         if chunk_gated_delta_rule is not None:
@@ -253,7 +253,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ns", default="1,8,32,64,128,256,512")
     parser.add_argument("--sweep", action="store_true", help="also time alternative tilings")
+    parser.add_argument("--ssm-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the GDN state pool's dtype (the engine's --mamba-ssm-dtype)")
+    parser.add_argument("--gdn-only", action="store_true", help="only the GDN decode (sweep and table)")
     args = parser.parse_args()
+    ssm_dtype = getattr(torch, args.ssm_dtype)
     ns = [int(n) for n in args.ns.split(",")]
     device = torch.cuda.get_device_name()
     print(f"device: {device}; torch {torch.__version__}; fla {'yes' if chunk_gated_delta_rule else 'no'}")
@@ -261,16 +265,19 @@ def main() -> None:
     print(f"copy bandwidth (2 GiB d2d, read + write): {copy:.2f} TB/s")
 
     if args.sweep:
-        sweep_gdn([64, 256])
-        sweep_attention(64)
-        sweep_conv_prefill(4, 8192)
-    tables = {
-        "GDN decode (H=16, HV=64, K=V=128, fp32 state; traffic = state read + write)": gdn_decode_rows(ns, copy),
-        f"conv1d update (C={CONV_DIM}, W={WIDTH}, bf16)": conv_update_rows(ns, copy),
-        f"paged decode attention (Hq={HQ}, Hkv={HKV}, D={HEAD_DIM}, page {PAGE}, bf16; traffic = KV read)":
-            attention_rows(ns, copy),
-        "prefill (N = tokens)": prefill_rows(copy),
-    }
+        sweep_gdn([64, 256], ssm_dtype)
+        if not args.gdn_only:
+            sweep_attention(64)
+            sweep_conv_prefill(4, 8192)
+    tables = {f"GDN decode (H=16, HV=64, K=V=128, {args.ssm_dtype} state; traffic = state read + write)":
+              gdn_decode_rows(ns, copy, ssm_dtype)}
+    if not args.gdn_only:
+        tables |= {
+            f"conv1d update (C={CONV_DIM}, W={WIDTH}, bf16)": conv_update_rows(ns, copy),
+            f"paged decode attention (Hq={HQ}, Hkv={HKV}, D={HEAD_DIM}, page {PAGE}, bf16; traffic = KV read)":
+                attention_rows(ns, copy),
+            "prefill (N = tokens)": prefill_rows(copy),
+        }
     for title, rows in tables.items():
         print_table(title, rows)
     if os.environ.get("OUT"):
