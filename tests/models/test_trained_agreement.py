@@ -8,6 +8,8 @@ CPU, against the fp32 reference:
   (tests/afd/test_afd_fp8_dispatch.py);
 - "fp8_kv": the model in fp32 with an FP8 K/V cache (--kv-cache-dtype fp8_e4m3; the GPU's run adds
   bf16, tests/gpu/test_trained_model.py).
+- "bf16_state": the model in fp32 with a bf16 SSM state pool (--mamba-ssm-dtype bfloat16; the GPU's
+  run adds bf16), scored through decode steps, between which the pool rounds the state.
 
 Each must reach teacher-forced top-1 >= 0.99, part from the reference's greedy tokens only at gaps
 within its bound, and change no top-1/top-2 gap by more than half its bound: the other half is the
