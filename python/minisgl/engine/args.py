@@ -9,6 +9,7 @@ from minisgl.gdn.registry import GDN_BACKENDS
 from minisgl.kvcache.planner import DEFAULT_STATE_RATIO
 from minisgl.moe.registry import MOE_BACKENDS
 from minisgl.parallel.config import check_sizes
+from minisgl.prefill_groups import GROUP_TOKENS
 
 LOAD_FORMATS = ("auto", "dummy")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -46,7 +47,7 @@ class EngineArgs:
     chunked_prefill_size: int = arg(1024, "max prompt tokens of one request per step, and of all requests per step "
                                           "while few others decode (bounds the inter-token latency); in a step "
                                           "without decodes, budget no other prompt can take grows a request's chunk "
-                                          "up to 4096 tokens")
+                                          f"up to {GROUP_TOKENS} tokens")
     prefill_tokens_per_request: int = arg(
         16, "while requests decode, prompt tokens a step may take for each request running or waiting, when "
             "that is more than --chunked-prefill-size (at most --max-prefill-tokens): a crowd of requests is "

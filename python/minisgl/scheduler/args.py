@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.arg_field import arg
+from minisgl.prefill_groups import GROUP_TOKENS
 
 SCHEDULE_POLICIES = ("fcfs", "lpm")  # SGLang's names (its other policies are not built)
 # Set to 1 to run every step synchronously even where the device is asynchronous.
@@ -16,8 +17,8 @@ DISABLE_OVERLAP_ENV = "MINISGL_DISABLE_OVERLAP"
 @dataclass(frozen=True)
 class SchedulerArgs:
     max_prefill_tokens: int = arg(16384, "max prompt tokens of all requests per step (each request's chunk is at "
-                                         "most --chunked-prefill-size, or in a step without decodes up to 4096 tokens "
-                                         "where no other prompt can take the budget)")
+                                         f"most --chunked-prefill-size, or in a step without decodes up to {GROUP_TOKENS} "
+                                         "tokens where no other prompt can take the budget)")
     schedule_policy: str = arg(
         "fcfs", "which waiting request is admitted next: fcfs (first come, first served) or lpm (the longest prefix "
                 "the cache holds first while at most 128 wait: an agent's next call takes its finished call over "
