@@ -98,6 +98,7 @@ class DevicePreparation:
     probe_compiles: int
     max_prefill_tokens: int
     gdn_group_tokens: int | None  # the bound on a GDN prefill group's tokens this engine runs with (None: default)
+    expandable_segments: bool  # whether the allocator reserved the steps' memory in expandable segments
     final_seconds: float = 0.0
     final_compiles: int = 0
     final_peak_bytes: int = 0
@@ -147,6 +148,7 @@ class DevicePreparation:
             f"{p.max_concurrency(p.max_seq_len, self.costs.page_size)} at {p.max_seq_len} tokens"
             + "".join(f"; {n}" for n in p.notes)
             + f"; GDN prefill groups of up to {groups} tokens"
+            + f"; allocator {'with' if self.expandable_segments else 'without'} expandable segments"
             + f". Warm-up: {self.warmup_compiles} Triton compiles/autotunes in {self.warmup_seconds:.1f} s "
             f"({self.probe_seconds:.1f} s measuring, {self.final_compiles} compiles on the real pool) "
             f"(largest step on the real pool {self.final_peak_bytes / g:.2f} GiB); ready {startup_seconds:.1f} s after start"
@@ -154,9 +156,11 @@ class DevicePreparation:
 
 
 def prepare_on_device(
-    plan: EnginePlan, model: nn.Module, layout: PoolLayout, parallel: ParallelConfig, max_prefill_tokens: int
+    plan: EnginePlan, model: nn.Module, layout: PoolLayout, parallel: ParallelConfig, max_prefill_tokens: int,
+    expandable_segments: bool,
 ) -> DevicePreparation:
-    """Steps 1 and 2: warm up `model` (this rank's, storing `layout`) on a scratch pool, measure, plan."""
+    """Steps 1 and 2: warm up `model` (this rank's, storing `layout`) on a scratch pool, measure, plan.
+    `expandable_segments`: whether the allocator uses them (engine/allocator_settings.py)."""
     args, flags, device = plan.args, plan.pool, plan.device
     started, compiles = time.monotonic(), compile_watch.compile_count()
     torch.cuda.synchronize()
@@ -217,7 +221,8 @@ def prepare_on_device(
                           args.max_running_requests, args.mamba_full_memory_ratio, flags.prefix_cache,
                           args.max_mamba_cache_size)
     return DevicePreparation(weights, budget, costs, pool_plan, pool_plan.config(flags), time.monotonic() - started,
-                             compile_watch.compile_count() - compiles, max_prefill_tokens, gdn_groups)
+                             compile_watch.compile_count() - compiles, max_prefill_tokens, gdn_groups,
+                             expandable_segments)
 
 
 # GDN groups of a whole step (prefill_groups.py) give fla's recurrence several sequences' heads to

@@ -17,6 +17,7 @@ import zmq
 from torch import nn
 
 from minisgl.engine import compile_watch
+from minisgl.engine.allocator_settings import prefer_expandable_segments
 from minisgl.engine.device_memory import DevicePreparation, prepare_on_device
 from minisgl.engine.graph import DecodeGraphRunner
 from minisgl.engine.piecewise_graph import PiecewiseGraphRunner, piecewise_buckets
@@ -111,8 +112,11 @@ class Engine:
         plan = self.plan
         backends = plan.backends.build()
         arch = MODELS.get(plan.config.arch)
+        measured = plan.measure_pool and warm_up
+        expandable = False
         if plan.device.type == "cuda":
             compile_watch.install()
+            expandable = measured and prefer_expandable_segments()
         self.model = build_module(
             lambda: arch(plan.config, backends, mlp_factory, self.parallel), plan.dtype, plan.device, plan.fp8
         )
@@ -122,14 +126,14 @@ class Engine:
             load_weights(self.model, plan.model_path, plan.config, weight_filter)
         self.model.eval()
         self.layout = plan.layout(self.parallel)
-        measured = plan.measure_pool and warm_up
         self.preparation: DevicePreparation | None = None
         self.gdn_group_tokens: int | None = None  # the warm-up's choice (engine/device_memory.py); None: default
         with compile_watch.warming_up():
             # Before the planner measures what is free, so the graphs' memory is counted as taken.
             self.prefill_graphs = self._capture_piecewise(backends, remote_moe=mlp_factory is not None)
             if measured:
-                self.preparation = prepare_on_device(plan, self.model, self.layout, self.parallel, max_prefill_tokens)
+                self.preparation = prepare_on_device(plan, self.model, self.layout, self.parallel, max_prefill_tokens,
+                                                     expandable)
                 self.pool_cfg = self.preparation.pool_config
                 self.gdn_group_tokens = self.preparation.gdn_group_tokens
             else:
