@@ -94,7 +94,7 @@ def gdn_pool(n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sweep_gdn(ns: list[int], dtype: torch.dtype) -> None:
     print(f"\nGDN decode tilings (block_v, num_warps), {dtype} state: us at N =", ns)
-    for block_v, warps in [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]:
+    for block_v, warps in [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8)]:
         times = []
         for n in ns:
             inp, (pool, slots) = gdn_inputs(n), gdn_pool(n, dtype)
@@ -125,7 +125,7 @@ def gdn_decode_rows(ns: list[int], copy: float, dtype: torch.dtype) -> list[Row]
                 _, ht = fused_recurrent_gated_delta_rule(
                     q, k, v, g, beta, initial_state=pool[slots], output_final_state=True, use_qk_l2norm_in_kernel=True
                 )
-                pool[slots] = ht
+                pool[slots] = ht.to(pool.dtype)  # fla returns fp32 final states
 
             fla = time_us(fla_plain)
             rows.append(row("gdn decode fla", n, fla, state_bytes, copy))

@@ -9,6 +9,7 @@ Autotuners that meet a new key benchmark every config; those runs are counted by
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 import threading
@@ -26,24 +27,41 @@ _armed = False  # set once a warm-up has finished: compiles outside warm-ups are
 
 
 _previous_hook: Any = None
-# Per kernel, each compiled variant's arguments as Triton specialised them: {name: (type, spec)}, e.g.
-# ("*i64", "D") for a pointer aligned to 16 bytes, ("i32", "") for an int of no particular divisibility.
-_variants: dict[str, list[dict[str, tuple]]] = {}
+# Per kernel, each compiled variant's arguments as Triton specialised them: {name: "(type, spec)"}, e.g.
+# "('*i64', 'D')" for a pointer aligned to 16 bytes, "('i32', None)" for an int it does not specialise.
+_variants: dict[str, list[dict[str, str]]] = {}
 
 
-def specialisation(kwargs: dict[str, Any]) -> dict[str, tuple] | None:
-    """The arguments' specialisation from the hook's key (Triton 3.x: (per-argument tuples, options));
-    None where the key has another form. The hook's own `repr` pairs the parameters with the options
-    string, so it names no argument."""
+def _leading_list(text: str) -> tuple[list[str], str] | None:
+    """The items of the list `text` opens with, each as its source text, and what follows the list;
+    None where `text` does not open with a list Python can parse (items are parsed, not evaluated:
+    a dtype's repr is a name)."""
+    for end in (i for i, ch in enumerate(text) if ch == "]"):
+        try:
+            node = ast.parse(text[:end + 1], mode="eval").body
+        except SyntaxError:
+            continue
+        if isinstance(node, ast.List):
+            return [ast.get_source_segment(text, item) or "" for item in node.elts], text[end + 1:]
+        return None
+    return None
+
+
+def specialisation(kwargs: dict[str, Any]) -> dict[str, str] | None:
+    """Each argument's specialisation, as text, from the hook's key; None where the key has another
+    form. Triton 3.6 passes the kernel cache's key: the text of the per-argument (type, spec) list,
+    then that of the launch options. (The hook's own `repr` pairs the parameters with the key's
+    second character, so it names no argument.)"""
     key, fn = kwargs.get("key"), kwargs.get("fn")
     params = getattr(getattr(fn, "jit_function", None), "params", None)
-    if not (isinstance(key, tuple) and key and isinstance(key[0], tuple) and params and len(params) == len(key[0])):
+    split = _leading_list(key) if isinstance(key, str) else None
+    if split is None or not params or len(params) != len(split[0]):
         return None
-    args = {p.name: tuple(spec) if isinstance(spec, (tuple, list)) else (spec,) for p, spec in zip(params, key[0])}
-    return {**args, "options": tuple(key[1:])}  # num_warps, num_stages, ...: a variant may differ only there
+    specs, options = split
+    return {**{p.name: spec for p, spec in zip(params, specs)}, "options": options}  # a variant may differ only there
 
 
-def new_in(variant: dict[str, tuple], earlier: list[dict[str, tuple]]) -> str:
+def new_in(variant: dict[str, str], earlier: list[dict[str, str]]) -> str:
     """What sets `variant` apart from the closest earlier variant of its kernel: the arguments whose
     specialisation differs, as `name old -> new`."""
     if not earlier:
