@@ -28,7 +28,8 @@ def user_chose() -> bool:
 
 
 def _set(settings: str) -> None:
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+    # torch 2.11 and 2.13 have this one (2.13 deprecates the wrapper below); older builds the wrapper only
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     if setter is None:
         setter = torch.cuda.memory._set_allocator_settings
     setter(settings)
