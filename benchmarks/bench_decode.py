@@ -184,7 +184,9 @@ def main() -> None:
     left = free_after + pool.kv.nbytes + pool.state.nbytes
     memory = {"weights GiB": plan.weights / GIB, "left for KV/state after loading GiB": left / GIB,
               "per request MiB": plan.per_request / 2**20,
-              f"max batch at {context_cap} tokens": int(left // plan.per_request),
+              # an upper bound: every free byte to slots and pages, none to activations (the server's
+              # planner reserves its largest steps' first, engine/device_memory.py)
+              f"max batch at {context_cap} tokens, no activations": int(left // plan.per_request),
               "graph buckets": str(engine.graph_runner.buckets if engine.graph_runner else None)}
     print(table([memory], f"{cli.model} FP8, {engine.config.num_layers} layers, memory"))
     rows, prof = [], ""
