@@ -17,7 +17,7 @@ from minisgl.layers.fp8 import dequantize_block_fp8, dequantize_gate_up, quantiz
 from minisgl.layers.linear import Linear
 from minisgl.layers.row_stack import RowStack
 from minisgl.models.config import QuantConfig
-from minisgl.models.materialize import keeps_bf16
+from minisgl.models.materialize import build_module, keeps_bf16
 from minisgl.moe.local_moe import LocalMoE
 
 DEVICE = "cuda"
@@ -126,3 +126,29 @@ def emulate_fp8_activations(model: nn.Module, quant: QuantConfig) -> None:
             setattr(model.get_submodule(parent), child, _FP8ActivationLinear(module))
         elif isinstance(module, LocalMoE):
             module.backend = _FP8ActivationExperts()
+
+
+class _MoeLayer(nn.Module):
+    """Names the block `mlp`, as in the model, so the router and shared gate stay BF16."""
+
+    def __init__(self, hidden: int, experts: int, top_k: int, inter: int, shared_inter: int) -> None:
+        super().__init__()
+        from minisgl.moe.triton_experts import TritonExperts  # here: the module imports triton
+
+        self.mlp = LocalMoE(hidden, experts, top_k, inter, shared_inter, True, TritonExperts())
+
+
+def random_fp8_moe_block(hidden: int, experts: int, top_k: int, inter: int, shared_inter: int) -> LocalMoE:
+    """A bf16 LocalMoE whose linears the FP8 checkpoint holds in FP8, built as the model builds it
+    (row stacks included), with random codes, block scales and bf16 weights."""
+    block = build_module(lambda: _MoeLayer(hidden, experts, top_k, inter, shared_inter), torch.bfloat16,
+                         torch.device(DEVICE), QuantConfig("fp8", (128, 128))).mlp
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if p.dtype == torch.float8_e4m3fn:
+                p.copy_(torch.randn(p.shape, device=DEVICE).to(torch.float8_e4m3fn))
+            elif name.endswith("scale_inv"):
+                p.copy_(torch.rand(p.shape, device=DEVICE).add(0.5) / (128 * p.shape[-1]) ** 0.5)
+            else:
+                p.copy_(torch.randn(p.shape, device=DEVICE) / p.shape[-1] ** 0.5)
+    return block

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
+from fp8_refs import random_fp8_moe_block
 from kernel_checks import DEVICE
 
 pytest.importorskip("triton")
@@ -29,10 +29,7 @@ from minisgl.kernels.moe_align import align_experts  # noqa: E402
 from minisgl.kernels.moe_gemm import moe_gate_up  # noqa: E402
 from minisgl.kernels.activations import Activations  # noqa: E402
 from minisgl.layers.fp8 import FP8_DTYPE, quantize_block_fp8  # noqa: E402
-from minisgl.models.config import QuantConfig  # noqa: E402
-from minisgl.models.materialize import build_module  # noqa: E402
 from minisgl.moe.local_moe import LocalMoE  # noqa: E402
-from minisgl.moe.triton_experts import TritonExperts  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -88,25 +85,8 @@ def test_linears_of_one_input_match_their_own_quantisation(backend: str, t: int,
         assert torch.equal(out, _own_quantisation(x, w, s, backend, tile))
 
 
-class _Layer(nn.Module):
-    """Names the block `mlp`, as in the model, so the router and shared gate stay BF16."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.mlp = LocalMoE(H, E, TOP_K, I, I, True, TritonExperts())
-
-
 def _moe_block() -> LocalMoE:
-    block = build_module(_Layer, torch.bfloat16, torch.device(DEVICE), QuantConfig("fp8", (128, 128))).mlp
-    with torch.no_grad():
-        for name, p in block.named_parameters():
-            if p.dtype == FP8_DTYPE:
-                p.copy_(torch.randn(p.shape, device=DEVICE).to(FP8_DTYPE))
-            elif name.endswith("scale_inv"):
-                p.copy_(torch.rand(p.shape, device=DEVICE).add(0.5) / (128 * p.shape[-1]) ** 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, device=DEVICE) / p.shape[-1] ** 0.5)
-    return block
+    return random_fp8_moe_block(H, E, TOP_K, I, I)
 
 
 def test_moe_block_matches_its_layers_own_quantisation(

@@ -23,6 +23,13 @@ class Activations:
     def of(x: torch.Tensor | Activations) -> Activations:
         return x if isinstance(x, Activations) else Activations(x)
 
+    @staticmethod
+    def quantised(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> Activations:
+        """x with the codes and scales a kernel made with it (fp8's contract), so none are made again."""
+        acts = Activations(x)
+        acts._fp8 = (codes, scales)
+        return acts
+
     def fp8(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes [M', K], group scales [M', ceil(K/128)] token-major) of x's [M, K] rows
         (kernels/fp8_quant.py). M' is M rounded up to cuBLAS's ROWS_MULTIPLE, whichever GEMM reads

@@ -42,20 +42,46 @@ def quantize_tile(x, FP8_MAX: tl.constexpr):
     return q, scale
 
 
+@triton.jit
+def group_tile(M, K, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's [ROWS, BLOCK] tile of an [M, K] matrix in 128-groups (grid: row blocks, then
+    groups): (rows, group, columns, mask, the rows as int64 offsets [ROWS, 1])."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    group = tl.program_id(1)
+    cols = group * BLOCK + tl.arange(0, BLOCK)
+    ok = (rows < M)[:, None] & (cols < K)[None, :]
+    return rows, group, cols, ok, rows.to(tl.int64)[:, None]
+
+
+@triton.jit
+def store_quantised(x, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, stride_sg, FP8_MAX: tl.constexpr):
+    """The codes of the fp32 tile x (group_tile's) and its rows' scales, stored."""
+    q, scale = quantize_tile(x, FP8_MAX)
+    tl.store(q_ptr + r64 * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(s_ptr + group.to(tl.int64) * stride_sg + rows, scale, mask=rows < M)
+
+
 @triton.jit(do_not_specialize=["M", "stride_sg"])
 def _quantize_groups_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sg,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    group = tl.program_id(1)
-    cols = group * BLOCK + tl.arange(0, BLOCK)
-    ok = (rows < M)[:, None] & (cols < K)[None, :]
-    r64 = rows.to(tl.int64)[:, None]
+    rows, group, cols, ok, r64 = group_tile(M, K, ROWS, BLOCK)
     x = tl.load(x_ptr + r64 * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    q, scale = quantize_tile(x, FP8_MAX)
-    tl.store(q_ptr + r64 * stride_qm + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(s_ptr + group.to(tl.int64) * stride_sg + rows, scale, mask=rows < M)
+    store_quantised(x, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, stride_sg, FP8_MAX)
+
+
+def tile_rows(m: int) -> int:
+    """Tokens per program for m tokens: ROWS at prefill sizes, else at most DECODE_ROWS."""
+    return ROWS if m >= PREFILL_TOKENS else min(DECODE_ROWS, triton.next_power_of_2(m))
+
+
+def quantised_outputs(m: int, k: int, rows_multiple: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised codes [M', k] and group scales [groups, M'] (token-major once transposed) for m
+    tokens, M' = m rounded up to rows_multiple."""
+    padded = triton.cdiv(m, rows_multiple) * rows_multiple
+    q = torch.empty(padded, k, dtype=FP8_DTYPE, device=device)
+    return q, torch.empty(triton.cdiv(k, GROUP), padded, dtype=torch.float32, device=device)
 
 
 def quantize_activations(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,13 +92,10 @@ def quantize_activations(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
-    groups = triton.cdiv(k, GROUP)
-    padded = triton.cdiv(m, rows_multiple) * rows_multiple
-    q = torch.empty(padded, k, dtype=FP8_DTYPE, device=x.device)
-    s = torch.empty(groups, padded, dtype=torch.float32, device=x.device)
+    q, s = quantised_outputs(m, k, rows_multiple, x.device)
     if m:
-        rows = ROWS if m >= PREFILL_TOKENS else min(DECODE_ROWS, triton.next_power_of_2(m))
-        _quantize_groups_kernel[(triton.cdiv(m, rows), groups)](
+        rows = tile_rows(m)
+        _quantize_groups_kernel[(triton.cdiv(m, rows), s.shape[0])](
             x, q, s, m, k, x.stride(0), q.stride(0), s.stride(0),
             ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX,
         )

@@ -34,13 +34,15 @@ class RowStack:
         self.scale = _stack(layers, "weight_scale_inv", device) if isinstance(layers[0], Fp8Linear) else None
 
     def __call__(self, x: torch.Tensor | Activations) -> list[torch.Tensor]:
-        if self.scale is None:
-            out = F.linear(tensor(x), self.weight)
-        else:
-            from minisgl.kernels.fp8_linear import fp8_linear  # here: CPU installs have no triton
+        return list(self.output(x).split(self.rows, dim=-1))
 
-            out = fp8_linear(x, self.weight, self.scale)
-        return list(out.split(self.rows, dim=-1))
+    def output(self, x: torch.Tensor | Activations) -> torch.Tensor:
+        """The one GEMM's output [..., sum of rows]: the layers' outputs side by side."""
+        if self.scale is None:
+            return F.linear(tensor(x), self.weight)
+        from minisgl.kernels.fp8_linear import fp8_linear  # here: CPU installs have no triton
+
+        return fp8_linear(x, self.weight, self.scale)
 
 
 def layer_outputs(stack: RowStack | None, layers: Sequence[nn.Module],

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minisgl.kernels.activations import Activations
+from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.layers.linear import Linear, column_parallel, row_parallel
 from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
 from minisgl.moe.router import route
@@ -18,7 +19,9 @@ from minisgl.parallel.config import SINGLE, ParallelConfig
 
 class SharedExpert(nn.Module):
     """SwiGLU MLP whose output is scaled by sigmoid(x · shared_expert_gate). Under TP a rank holds
-    its slice of the intermediate dim; its output is then a partial sum."""
+    its slice of the intermediate dim; its output is then a partial sum. On FP8 weights (GPU) the
+    SwiGLU and down's quantisation are one kernel (kernels/swiglu_quant.py), bit for bit the torch
+    path's h and codes."""
 
     def __init__(self, hidden: int, intermediate: int, parallel: ParallelConfig = SINGLE) -> None:
         super().__init__()
@@ -36,6 +39,11 @@ class SharedExpert(nn.Module):
 
     def forward(self, x: torch.Tensor | Activations) -> torch.Tensor:
         x = Activations.of(x)  # gate and up quantise it once
+        if isinstance(self.down_proj, Fp8Linear) and self.gate_up is not None and self.gate_up.scale is not None:
+            # FP8 on the GPU: SwiGLU and down's quantisation in one pass over the stacked output.
+            from minisgl.kernels.swiglu_quant import swiglu_quantised  # here: CPU installs have no triton
+
+            return self.down_proj(swiglu_quantised(self.gate_up.output(x)))
         gate, up = layer_outputs(self.gate_up, (self.gate_proj, self.up_proj), x)
         return self.down_proj(F.silu(gate) * up)
 

@@ -1,0 +1,69 @@
+"""The shared expert's SwiGLU and the FP8 quantisation of its output in one pass.
+
+h = silu(gate) * up from the stacked gate/up GEMM's [T, 2I] output (gate's I columns first), written
+in the activations' dtype and as FP8 codes with per-token 128-group scales (kernels/fp8_quant.py's
+rule), so the down projection reads codes without another pass over h. In torch this is two
+elementwise kernels over strided halves of the GEMM's output (~50 us each a layer in the 122B's
+2 x 8K prefill step, docs/benchmarks.md), then the quantiser's pass: three launches, ~1.9x the
+bytes of this one.
+
+Rounded as torch rounds `F.silu(gate) * up`: silu in fp32 with the accurate exp (libdevice's expf,
+not Triton's approximate exp2) and a correctly rounded division, rounded to the activations' dtype;
+then the product of the two rounded values in fp32, rounded again. So h is torch's bit for bit, and
+the codes are quantize_activations' of it. Triton's interpreter (CPU tests) has no libdevice: off
+CUDA the exp is Triton's own.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from minisgl.kernels.activations import Activations
+from minisgl.kernels.fp8_format import FP8_MAX
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
+from minisgl.kernels.fp8_quant import GROUP, group_tile, quantised_outputs, store_quantised, tile_rows
+
+
+@triton.jit
+def _silu_mul(g, u, DTYPE: tl.constexpr, ACCURATE_EXP: tl.constexpr):
+    """torch's rounding of silu(g) * u for fp32 tiles of values in DTYPE; fp32 result."""
+    e = libdevice.exp(-g) if ACCURATE_EXP else tl.exp(-g)
+    silu = tl.math.div_rn(g, 1.0 + e).to(DTYPE).to(tl.float32)
+    return (silu * u).to(DTYPE).to(tl.float32)
+
+
+@triton.jit(do_not_specialize=["M", "stride_sg"])
+def _swiglu_quant_kernel(
+    gu_ptr, h_ptr, q_ptr, s_ptr, M, I, stride_gm, stride_hm, stride_qm, stride_sg,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+):
+    rows, group, cols, ok, r64 = group_tile(M, I, ROWS, BLOCK)
+    g = tl.load(gu_ptr + r64 * stride_gm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + r64 * stride_gm + I + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    h = _silu_mul(g, u, h_ptr.dtype.element_ty, ACCURATE_EXP)  # masked columns: silu(0) * 0 = 0
+    tl.store(h_ptr + r64 * stride_hm + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
+    store_quantised(h, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, stride_sg, FP8_MAX)
+
+
+def swiglu_quantised(gate_up: torch.Tensor) -> Activations:
+    """gate_up [..., 2I] (gate's columns, then up's) -> Activations of h = silu(gate) * up [..., I]
+    holding h and its FP8 codes and scales as Activations.fp8 would make them (rows padded for
+    cuBLAS), so an FP8 layer reading it quantises nothing."""
+    two_i = gate_up.shape[-1]
+    if two_i % 2:
+        raise ValueError(f"swiglu_quantised: gate_up's last dim {two_i} is not gate's and up's")
+    gu = gate_up.reshape(-1, two_i)
+    if gu.stride(1) != 1:
+        gu = gu.contiguous()
+    m, inter = gu.shape[0], two_i // 2
+    h = torch.empty(m, inter, dtype=gu.dtype, device=gu.device)
+    q, s = quantised_outputs(m, inter, ROWS_MULTIPLE, gu.device)
+    if m:
+        rows = tile_rows(m)
+        _swiglu_quant_kernel[(triton.cdiv(m, rows), triton.cdiv(inter, GROUP))](
+            gu, h, q, s, m, inter, gu.stride(0), h.stride(0), q.stride(0), s.stride(0),
+            ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX, ACCURATE_EXP=gu.is_cuda,
+        )
+    return Activations.quantised(h.view(*gate_up.shape[:-1], inter), q, s.t())

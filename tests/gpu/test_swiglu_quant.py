@@ -1,0 +1,77 @@
+"""The shared expert's fused SwiGLU + FP8 quantisation (kernels/swiglu_quant.py) against torch, bit for
+bit: h against `F.silu(gate) * up` on the same stacked GEMM output, the codes and scales against
+quantize_activations of torch's h (padded for cuBLAS as Activations.fp8 pads them), and the FP8
+shared expert's output against its unfused path. No tolerance: the kernel rounds where torch rounds
+(libdevice's expf, a correctly rounded division), so any difference is a bug."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fp8_refs import random_fp8_moe_block
+from kernel_checks import DEVICE
+
+pytest.importorskip("triton")
+
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE  # noqa: E402
+from minisgl.kernels.fp8_quant import quantize_activations  # noqa: E402
+from minisgl.kernels import swiglu_quant  # noqa: E402
+from minisgl.kernels.activations import Activations  # noqa: E402
+from minisgl.kernels.swiglu_quant import swiglu_quantised  # noqa: E402
+from minisgl.layers.row_stack import layer_outputs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _gate_up(t: int, inter: int, dtype: torch.dtype) -> torch.Tensor:
+    """A stacked gate/up output: per-token magnitudes, a zero row, and gates far past exp's range."""
+    gu = torch.randn(t, 2 * inter, device=DEVICE) * torch.rand(t, 1, device=DEVICE).mul(4).add(0.1)
+    if t > 2:
+        gu[1] = 0.0  # a row whose groups are all zero: scale 1
+        gu[2, : inter // 2] = -120.0  # exp(120) overflows fp32: silu is -0
+        gu[2, inter // 2 : inter] = 120.0
+    return gu.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("inter", [192, 1024])  # 192: a partial 128-group
+@pytest.mark.parametrize("t", [1, 5, 37, 600])  # decode tiles below 512 tokens, prefill tiles from 512
+def test_matches_torch_bit_for_bit(t: int, inter: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(t * inter)
+    gu = _gate_up(t, inter, dtype)
+    acts = swiglu_quantised(gu)
+    ref_h = F.silu(gu[:, :inter]) * gu[:, inter:]
+    assert acts.x.dtype == dtype and torch.equal(acts.x, ref_h)
+    q, s = acts.fp8()
+    ref_q, ref_s = quantize_activations(ref_h, ROWS_MULTIPLE)
+    assert q.shape == ref_q.shape and s.shape == ref_s.shape  # padded rows as Activations.fp8 pads
+    assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8))
+    assert torch.equal(s[:t], ref_s[:t])
+
+
+def test_leading_dims_are_kept() -> None:
+    gu = _gate_up(12, 256, torch.bfloat16).view(3, 4, 512)
+    acts = swiglu_quantised(gu)
+    assert acts.x.shape == (3, 4, 256) and acts.fp8()[0].shape == (12, 256)
+
+
+def test_fp8_shared_expert_matches_its_unfused_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gate and up stacked (256 rows each: whole 128-row blocks), down in FP8: the forward takes the
+    fused kernel and gives what SwiGLU in torch and down's own quantisation give."""
+    torch.manual_seed(3)
+    block = random_fp8_moe_block(256, 4, 2, 128, 256)
+    calls: list[int] = []
+
+    def counted(gate_up: torch.Tensor) -> Activations:
+        calls.append(gate_up.shape[0])
+        return swiglu_quantised(gate_up)
+
+    monkeypatch.setattr(swiglu_quant, "swiglu_quantised", counted)
+    se = block.shared_expert
+    assert se.gate_up is not None and se.gate_up.scale is not None, "the test needs a stacked FP8 gate/up"
+    x = torch.randn(37, 256, device=DEVICE).to(torch.bfloat16)
+    with torch.inference_mode():
+        gate, up = layer_outputs(se.gate_up, (se.gate_proj, se.up_proj), x)
+        assert torch.equal(se(x), se.down_proj(F.silu(gate) * up))
+    assert calls == [37]
