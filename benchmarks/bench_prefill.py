@@ -65,16 +65,14 @@ TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
 # name -> (rows per block, or None for the regime's; gate_up override; down override): the fused MoE's
 # candidates at prefill sizes. "decode kernels" are the tokens-narrow kernels (the table before the
 # large-M regime: 64/128 columns, 8 warps at 128 rows), then with wider tiles; "large" the large-M
-# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue, p: gate's and up's
-# tiles paired in one MMA / down's columns; tma: FP8 operands through TMA, else pointer loads; halves:
-# down over gate_up's blocks in halves).
+# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue / down's columns;
+# tma: FP8 operands through TMA, else pointer loads).
 def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False,
-           paired: bool = False) -> dict[str, object]:
-    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma, paired=paired)
+def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False) -> dict[str, object]:
+    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma)
 
 
 MOE_CANDIDATES = {
@@ -105,14 +103,6 @@ MOE_CANDIDATES = {
     "large 128: 64/128 w8 s3 tma": (128, _large(64, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 128q/128 w8 s3 tma": (128, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 128q/128 w8 s4 tma": (128, _large(128, 8, 4, tma=True), _large(128, 8, 4, tma=True)),
-    "large 64: 64p/128 w4 s3 tma": (64, _large(64, 4, 3, tma=True, paired=True), _large(128, 4, 3, tma=True)),
-    "large 128: 64p w8 s3 / 128 w4 s3 halves tma": (128, _large(64, 8, 3, tma=True, paired=True),
-                                                     {**_large(128, 4, 3, tma=True), "block_m": 64}),
-    "large 128: 64p w8 s4 / 128 w4 s3 halves tma": (128, _large(64, 8, 4, tma=True, paired=True),
-                                                     {**_large(128, 4, 3, tma=True), "block_m": 64}),
-    "large 128: 64p w8 s3 / 64 w4 s3 tma": (128, _large(64, 8, 3, tma=True, paired=True), _large(64, 4, 3, tma=True)),
-    "large 128: 64p w8 s3 / 256 w8 s3 tma": (128, _large(64, 8, 3, tma=True, paired=True), _large(256, 8, 3, tma=True)),
-    "large 128: 64/128 w8 s3 halves tma": (128, _large(64, 8, 3, tma=True), {**_large(128, 4, 3, tma=True), "block_m": 64}),
 }
 
 

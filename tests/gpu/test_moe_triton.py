@@ -144,14 +144,6 @@ PATHS = [
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (128, dict(large_m=True, block_n=128, num_warps=8, tma=True), dict(large_m=True, block_n=128, num_warps=8, tma=True)),
     (64, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=64, num_warps=4, tma=True)),
-    # gate_up's gate and up tiles in one TMA box and one MMA: h in bf16, and quantised in the epilogue
-    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    (128, dict(large_m=True, block_n=128, num_warps=8, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=8, tma=True)),
-    # down over gate_up's 128-row blocks in halves (moe_align.split_blocks)
-    (128, dict(large_m=True, block_n=64, num_warps=8, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True, block_m=64)),
 ]
 
 
@@ -173,32 +165,6 @@ def test_each_path_matches_torch(t: int, e: int, k: int, h: int, i: int, block_m
     out = moe_gemm.moe_combine(y, ids, e, x.dtype)
     _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), fp8)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
-
-
-@pytest.mark.parametrize("block_n,block_m,warps", [(64, 64, 4), (128, 64, 8), (64, 128, 8)])
-@pytest.mark.parametrize("t,e,k,h,i", [(2048, 256, 8, 3072, 1024), (700, 5, 2, 384, 320)])
-def test_paired_gate_up_equals_two_tiles(t: int, e: int, k: int, h: int, i: int, block_n: int, block_m: int,
-                                         warps: int) -> None:
-    """One MMA over the paired box computes each output as the two MMAs of BLOCK_N columns do (the
-    same K-128 products, scaled and summed in the same order), so h is bit for bit the same: bf16 h
-    at 64 columns, FP8 codes and scales where the epilogue quantises (128). I = 320 leaves a partial
-    tile, whose box runs past I."""
-    torch.manual_seed(t + e + block_n + block_m)
-    gate_up, gate_up_scale = _gate_up(e, h, i, True)
-    x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
-    ids, _ = _routing(t, e, k)
-    g = align_experts(ids, e, block_m)
-    tile = dict(large_m=True, block_n=block_n, num_warps=warps, tma=True)
-    pos = torch.cat([torch.arange(b * block_m, b * block_m + n, device=DEVICE)
-                     for b, n in enumerate(g.block_rows.tolist()) if n > 0])
-    poison_allocator()
-    two = moe_gemm.moe_gate_up(x, gate_up, gate_up_scale, g, **tile)
-    one = moe_gemm.moe_gate_up(x, gate_up, gate_up_scale, g, **tile, paired=True)
-    two, one = (two, one) if isinstance(two, tuple) else ((two,), (one,))
-    assert len(two) == len(one) == (2 if block_n == 128 else 1)
-    for a, b in zip(two, one):
-        assert torch.equal(a[pos].view(torch.uint8) if a.dtype == FP8_DTYPE else a[pos],
-                           b[pos].view(torch.uint8) if b.dtype == FP8_DTYPE else b[pos])
 
 
 @pytest.mark.parametrize("skewed", [False, True], ids=["uniform", "skewed"])

@@ -39,8 +39,7 @@ TOL = 1e-2
 T, E, K_TOP, H, I = 40, 6, 3, 320, 192  # K = 320 and I = 192 leave partial 128-steps and tiles
 # (rows per block, gate_up override, down override): decode's kernels, then prefill's large-M ones
 # with h in the activations' dtype (block_n 64), quantised in gate_up's epilogue (128), down 256 wide,
-# then with FP8 operands through TMA (in the non-FP8 case tma is unused: the pointer loops run),
-# and gate_up's paired tiles.
+# then with FP8 operands through TMA (in the non-FP8 case tma is unused: the pointer loops run).
 PATHS = [
     (16, {}, {}),
     (16, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=64, num_warps=4)),
@@ -49,15 +48,6 @@ PATHS = [
     (16, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    # gate_up's gate and up tiles in one TMA box and one MMA (I = 192: the last 128-wide tile's box
-    # runs past I)
-    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    (16, dict(large_m=True, block_n=128, num_warps=4, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    # down over the same rows in blocks of half as many (moe_align.split_blocks)
-    (64, dict(large_m=True, block_n=64, num_warps=8, tma=True, paired=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True, block_m=32)),
 ]
 
 
@@ -246,22 +236,3 @@ def test_align_splits_past_one_program() -> None:
     """Just past ONE_PROGRAM_PAIRS (5 chunks) the split path runs unforced."""
     assert 520 * 8 > moe_align.ONE_PROGRAM_PAIRS
     _check_align(520, 8, 256, 64, "skewed", in_pair_order=True)
-
-
-@pytest.mark.parametrize("block_m,part", [(128, 64), (128, 32), (64, 64)])
-def test_split_blocks_keeps_every_row_in_its_expert(block_m: int, part: int) -> None:
-    """split_blocks: each part's real rows are its block's rows at the same positions, owned by the
-    block's expert; parts with no real row belong to no expert; nothing else changes."""
-    torch.manual_seed(block_m + part)
-    ids = torch.randint(-1, 9, (300, 4), device=DEVICE)  # some experts with a few rows, some with many
-    g = moe_align.align_experts(ids, 8, block_m)
-    s = moe_align.split_blocks(g, part)
-    r = block_m // part
-    assert s.rows is g.rows and s.block_m == part and s.max_blocks == g.max_blocks * r
-    for b, (owner, n) in enumerate(zip(g.block_expert.tolist(), g.block_rows.tolist())):
-        for j in range(r):
-            here = min(max(n - j * part, 0), part)
-            assert s.block_rows[b * r + j].item() == here
-            assert s.block_expert[b * r + j].item() == (owner if here else -1)
-    with pytest.raises(ValueError, match="do not divide"):
-        moe_align.split_blocks(g, 48)

@@ -193,21 +193,6 @@ class ExpertGrouping:
         return self.block_expert.shape[0]
 
 
-def split_blocks(g: ExpertGrouping, block_m: int) -> ExpertGrouping:
-    """The same rows in blocks of block_m (a divisor of g.block_m): block b's rows become blocks
-    b * r .. b * r + r - 1 (r = g.block_m / block_m), and parts with no real row belong to no expert
-    (-1, so their programs exit at once). For a GEMM whose best tile has fewer rows than the other's:
-    the rows, and so h's row order, stay as they are."""
-    if g.block_m % block_m:
-        raise ValueError(f"{block_m} rows per block do not divide the grouping's {g.block_m}")
-    if block_m == g.block_m:
-        return g
-    first = torch.arange(0, g.block_m, block_m, dtype=torch.int32, device=g.block_rows.device)
-    rows = (g.block_rows[:, None] - first).clamp(0, block_m)
-    expert = torch.where(rows > 0, g.block_expert[:, None], -1)
-    return ExpertGrouping(g.rows, expert.flatten(), rows.flatten(), block_m, g.top_k)
-
-
 def max_blocks(num_pairs: int, num_experts: int, block_m: int) -> int:
     """An upper bound on sum_e ceil(count_e / block_m): every block holds >= 1 pair, and at most one
     partial block per expert."""

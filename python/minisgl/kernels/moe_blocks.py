@@ -23,8 +23,6 @@ class MoeTile:
     large_m: bool = False
     group_m: int = 8
     tma: bool = False  # large-M, FP8, block_n dividing 128: operands through TMA (kernels/moe_gemm_large.py)
-    paired: bool = False  # with tma, gate_up: gate's and up's tiles in one TMA box and one MMA a K step
-    block_m: int | None = None  # down: rows per block when fewer than the grouping's (moe_align.split_blocks)
 
 
 @triton.jit

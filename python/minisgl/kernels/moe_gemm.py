@@ -26,7 +26,7 @@ import triton.language as tl
 from minisgl.kernels.activations import Activations, tensor
 from minisgl.kernels.fp8_gemm import num_sms
 from minisgl.kernels.fp8_quant import GROUP
-from minisgl.kernels.moe_align import ExpertGrouping, split_blocks
+from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 from minisgl.kernels.moe_gemm_large import down_large, fuses_quantisation, gate_up_large
 
@@ -218,9 +218,7 @@ def moe_down(
     hq, hs = h if isinstance(h, tuple) else _activations(h, fp8)
     dtype = torch.bfloat16 if isinstance(h, tuple) else h.dtype  # FP8 h only comes from bf16 activations
     y = torch.empty(weights.numel(), n, dtype=dtype, device=hq.device)
-    tile = replace(regime(weights.numel(), e).down, **override)
-    g = split_blocks(g, tile.block_m or g.block_m)
-    tile = _tile(tile, n, g, down.element_size(), 1, {})
+    tile = _tile(regime(weights.numel(), e).down, n, g, down.element_size(), 1, override)
     weights = weights.contiguous()
     if tile.large_m:
         down_large(hq, hs, down, down_scale, y, weights, g, tile)

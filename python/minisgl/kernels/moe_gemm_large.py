@@ -21,13 +21,6 @@ columns the store masks; gate_up zeroes them before its epilogue quantises h. Ac
 units of each K step's scale, so that the MMA adds into the accumulator in place
 (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile as large as it, was measured
 too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
-
-Paired gate_up tiles read gate's and up's weight rows through one descriptor over the weights viewed
-as [experts x 2, I, K]: one box holds both halves of the tile, and one MMA of 2 x BLOCK_N columns a
-K step replaces two of BLOCK_N. Triton waits for each scaled product before the next MMA issues, so
-this halves the waits and reads the token tile from shared memory once instead of twice; splitting
-the product into its gate and up halves moves no data (each thread holds both). Rows past I read as
-zeros.
 """
 from __future__ import annotations
 
@@ -87,27 +80,6 @@ def _gate_up_fp8_sums(x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_
 
 
 @triton.jit
-def _gate_up_paired_sums(x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, expert, pid_n,
-                         gs_first, up_scale_offset, real, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """gate and up sums over K of one FP8 tile whose rows share a weight block, from one MMA a K step
-    over the paired box (module docstring)."""
-    token = (pair // top_k).to(tl.int64)
-    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    xs_ptrs = xs_ptr + token * stride_xsm
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(tl.cdiv(K, BLOCK_K)):
-        x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
-        xs = tl.load(xs_ptrs + kb * stride_xsk, mask=real, other=1.0)
-        w = w_desc.load([2 * expert, pid_n * BLOCK_N, kb * BLOCK_K]).reshape(2 * BLOCK_N, BLOCK_K)
-        gate, up = tl.dot(x, tl.trans(w)).reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
-        acc_g += gate * (xs * tl.load(gs_first + kb))[:, None]
-        acc_u += up * (xs * tl.load(gs_first + up_scale_offset + kb))[:, None]
-    return acc_g, acc_u
-
-
-@triton.jit
 def _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, h_row, stride_hm, stride_hsm, stride_hsk, w_desc, w_ptrs, w_row,
                    ws_first, real, n_ok, K, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
@@ -156,7 +128,7 @@ def _moe_gate_up_large_kernel(
     num_blocks, top_k, inter, K, rows_per_expert,
     stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     stride_hsm, stride_hsk,
-    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr, PAIRED: tl.constexpr,
+    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
@@ -166,12 +138,7 @@ def _moe_gate_up_large_kernel(
     )
     if expert < 0:
         return
-    if PAIRED:
-        acc_g, acc_u = _gate_up_paired_sums(
-            x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, expert, pid_n, gs_first,
-            UP_SCALE_ROW * stride_sn, real, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-        )
-    elif FP8 and BLOCK_K % BLOCK_N == 0:
+    if FP8 and BLOCK_K % BLOCK_N == 0:
         acc_g, acc_u = _gate_up_fp8_sums(
             x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
             expert * rows_per_expert + pid_n * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
@@ -233,15 +200,6 @@ def _descriptor(t: torch.Tensor, rows: int, use: bool) -> object:
     return TensorDescriptor.from_tensor(t.reshape(-1, t.shape[-1]), [rows, GROUP])
 
 
-def _paired_descriptor(w: torch.Tensor, rows: int) -> object:
-    """A TMA descriptor over gate_up's [E, 2I, K] weights viewed as [E x 2, I, K], in [2, rows, GROUP]
-    boxes: a tile's gate rows and its up rows in one box."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    e, two_i, k = w.shape
-    return TensorDescriptor.from_tensor(w.view(e * 2, two_i // 2, k), [2, rows, GROUP])
-
-
 def _tma(tile: MoeTile, fp8: bool, *operands: torch.Tensor) -> bool:
     """tile.tma where TMA can read the operands: contiguous (so the descriptor's 2-D view is not a
     copy), 16-byte aligned bases and rows, K at least one box. Where it cannot, the log says so once."""
@@ -282,16 +240,14 @@ def gate_up_large(
     scale = s if fp8 else w  # unused pointers when bf16
     h_scale = hs if hs is not None else h
     tma = _tma(tile, fp8, w)
-    paired = tma and tile.paired
-    w_desc = _paired_descriptor(w, tile.block_n) if paired else _descriptor(w, tile.block_n, tma)
     _moe_gate_up_large_kernel[_programs(g, inter, tile)](
-        xq, xs, w, w_desc, scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
+        xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None,
-        TMA=tma, PAIRED=paired,
+        TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
