@@ -208,20 +208,16 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
     return f"{len(syncs)} host syncs in one step:\n" + "\n".join(syncs[:40]) + "\n" + text.getvalue()
 
 
-def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
-               copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
-               group_tokens: Sequence[int] = (), halves: Sequence[bool] = (True,),
-               ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
-    """Prefill steps of the engine (with each of group_tokens as the GDN rule's group bound, or the
-    engine's own; lone prompts as halves or whole, for each of `halves`), then (same engine, CUDA
-    graphs) decode steps at 1K context timed and rooflined as bench_decode.py does, to show the
-    small-M paths did not regress, then the mixed steps of mixed_rows."""
-    from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
-    from minisgl import prefill_groups
+def step_engine(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: Sequence[int] = (),
+                mixed: Sequence[tuple[int, int]] = (), piecewise_max_tokens: int | None = None):  # noqa: ANN201
+    """An engine on dummy FP8 weights of the known config `model` (cut to `layers` layers if given),
+    its pool sized for the steps, the decode batches at 1K context and the mixed steps, with no
+    warm-up ladder (minutes at 48 layers): each caller runs its steps once untimed first."""
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
     from minisgl.models.known_configs import config_dir
 
+    decode_batches, mixed = list(decode_batches), list(mixed)
     path = config_dir(model, fp8=True, root=tempfile.mkdtemp())
     if layers is not None:
         cfg_file = os.path.join(path, "config.json")
@@ -234,22 +230,44 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
     pages = max([s.requests * cdiv(s.prefix + s.tokens + 1, 64) for s in steps]
                 + [b * cdiv(1024 + 2, 64) for b in decode_batches]
                 + [cdiv(c, 64) + d * cdiv(1024 + 2, 64) for c, d in mixed])
-    # No warm-up ladder (minutes at 48 layers): each step below runs once untimed first.
     engine = Engine(resolve_plan(EngineArgs(path, load_format="dummy", context_length=longest + 64, page_size=64,
                                max_running_requests=slots_needed, num_pages=pages,
                                cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
                                disable_cuda_graph=not (decode_batches or mixed or piecewise_max_tokens),
                                piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
                     warm_up=False)
+    print(f"engine: {model}, {engine.config.num_layers} layers, "
+          f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
+    return engine
+
+
+def allocate_step(engine, step: PrefillStep) -> tuple[list[int], list[list[int]]]:  # noqa: ANN001
+    """(slots, random prompts) for one step: each request's slot holds its prefix and new tokens
+    (the prefix's pages hold whatever was there: timing only)."""
+    b, n, p = step.requests, step.tokens, step.prefix
+    slots = [engine.pool.allocate(p + n) for _ in range(b)]
+    for s in slots:
+        engine.pool.ensure_tokens(s, p + n)
+    return slots, [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
+
+
+def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
+               copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
+               group_tokens: Sequence[int] = (), halves: Sequence[bool] = (True,),
+               ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
+    """Prefill steps of the engine (with each of group_tokens as the GDN rule's group bound, or the
+    engine's own; lone prompts as halves or whole, for each of `halves`), then (same engine, CUDA
+    graphs) decode steps at 1K context timed and rooflined as bench_decode.py does, to show the
+    small-M paths did not regress, then the mixed steps of mixed_rows."""
+    from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
+    from minisgl import prefill_groups
+
+    engine = step_engine(model, layers, steps, decode_batches, mixed, piecewise_max_tokens)
     layers = engine.config.num_layers
-    print(f"engine: {model}, {layers} layers, {torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     rows, prof = [], ""
     for step in steps:
         b, n, p = step.requests, step.tokens, step.prefix
-        slots = [engine.pool.allocate(p + n) for _ in range(b)]
-        for s in slots:
-            engine.pool.ensure_tokens(s, p + n)  # the prefix's pages hold whatever was there: timing only
-        seqs = [torch.randint(0, engine.config.vocab_size, (n,)).tolist() for _ in range(b)]
+        slots, seqs = allocate_step(engine, step)
         flops = model_flops(engine, [n] * b, p)
         roof_ms = flops / (ceiling * 1e9)
         engine_bound, pair_min = prefill_groups.GROUP_TOKENS, prefill_groups.PAIR_MIN_TOKENS
