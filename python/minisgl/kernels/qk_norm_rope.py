@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.head_rows import head_row_tiles, head_rows_output
+from minisgl.kernels.tl_dtypes import TL_DTYPE
 
 _TILE = 2048  # elements a program covers: eight heads of 256
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
@@ -100,7 +100,7 @@ def norm_rope(
     _norm_rope_kernel[(programs,)](
         x, weight, cos, sin, out,
         x.stride(0), x.stride(1), cos.stride(0), sin.stride(0), rows, heads, eps,
-        ONE_PLUS_W=zero_centered, DTYPE=_TL_DTYPE[x.dtype], HEAD_DIM=d, ROTARY_DIM=rotary_dim,
+        ONE_PLUS_W=zero_centered, DTYPE=TL_DTYPE[x.dtype], HEAD_DIM=d, ROTARY_DIM=rotary_dim,
         BLOCK_R=block_r, BLOCK_C=block_c,
         enable_fp_fusion=False,  # y·cos + rot·sin fused into one FMA would skip torch's rounding of each product
     )

@@ -17,9 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.tl_dtypes import TL_DTYPE
+
 # A program covers about this many elements: one row at hidden 4096, sixteen per-head rows of 128.
 _TILE = 2048
-_TL_DTYPE = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 # rows changes every step: left unspecialised, a new token count never compiles a new variant.
@@ -97,7 +98,7 @@ def _launch(
         x2, delta2, h2, z2, weight, y2,
         x2.stride(0), delta2.stride(0), h2.stride(0), z2.stride(0), y2.stride(0), rows, cols, eps,
         ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None,
-        PRODUCT_DTYPE=_TL_DTYPE[product_dtype],
+        PRODUCT_DTYPE=TL_DTYPE[product_dtype],
         BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8 if block_r * block_c >= 4096 else 4,
     )
     return out
