@@ -90,10 +90,11 @@ class _FP8ActivationStack:
 
 
 class _FP8ActivationExperts:
-    def forward(self, x, gate_up, down, ids, weights, shared=None):  # noqa: ANN001, ANN201 - the experts interface
+    def forward(self, x, gate_up, down, ids, weights, shared=None, residual=None):  # noqa: ANN001, ANN201 - the experts interface
         x = tensor(x)
         out = moe_reference(x, gate_up, down, ids, weights, None, None, emulate=True).to(x.dtype)
-        return out if shared is None else shared.add_to(out)
+        out = out if shared is None else shared.add_to(out)
+        return out if residual is None else residual + out
 
 
 def fp8_stacks(model: nn.Module, quant: QuantConfig) -> list[tuple[nn.Module, str]]:

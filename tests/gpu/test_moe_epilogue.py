@@ -1,6 +1,7 @@
 """The MoE combine with the gated shared expert fused in (moe_combine's `shared`, TritonExperts'
 `shared=SharedAddend`) against the torch ops MoE blocks ran before: the routed sum rounded to x's
-dtype, then SharedAddend.add_to (sigmoid in the logit's dtype, the product rounded, the sum rounded).
+dtype, then SharedAddend.add_to (sigmoid in the logit's dtype, the product rounded, the sum rounded);
+and with the decoder layer's residual add fused in too (`residual=`), against `residual + output`.
 
 Tolerance: none. The kernel computes each op exactly in fp32 and rounds where torch rounds, and
 gets the sigmoid from torch itself, so the output must be bit for bit torch's (torch.equal), in
@@ -80,6 +81,35 @@ def test_fused_combine_is_torchs_chain(t: int, e: int, k: int, h: int, dtype: to
         assert not torch.equal(once, ref)
 
 
+@pytest.mark.parametrize("residual_dtype", [F32, BF16])
+@pytest.mark.parametrize("dtype,logit_dtype", DTYPES)
+@pytest.mark.parametrize("with_shared", [True, False], ids=["shared", "routed only"])
+@pytest.mark.parametrize("t,e,k,h", SHAPES)
+def test_residual_joins_as_torch_adds_it(t: int, e: int, k: int, h: int, with_shared: bool, dtype: torch.dtype,
+                                         logit_dtype: torch.dtype, residual_dtype: torch.dtype) -> None:
+    """`residual=`: torch's `residual + block_output` on the block's output as moe_combine returns
+    it without one (rounded to its dtype first), in their promoted dtype, bit for bit."""
+    _needs_rounding(dtype)
+    _needs_rounding(residual_dtype)
+    torch.manual_seed(t + e + h + with_shared)
+    y = torch.randn(t * k, h, device=DEVICE).to(dtype)
+    ids = _ids(t, e, k)
+    shared = (torch.randn(t, h, device=DEVICE).to(dtype),
+              torch.sigmoid((torch.randn(t, 1, device=DEVICE) * 3).to(logit_dtype))) if with_shared else ()
+    residual = (torch.randn(t, h, device=DEVICE) * 4).to(residual_dtype)
+    ref = residual + moe_gemm.moe_combine(y, ids, e, dtype, *shared)
+    out = moe_gemm.moe_combine(y, ids, e, dtype, *shared, residual=residual)
+    assert out.dtype == ref.dtype and out.shape == ref.shape, f"{out.dtype}{tuple(out.shape)}"
+    diff = (out.float() - ref.float()).abs()
+    assert torch.equal(out, ref), f"{(diff > 0).sum().item()} of {out.numel()} elements differ, max {diff.max():.2e}"
+    if dtype == BF16 == residual_dtype and not with_shared and t * h >= 3072:
+        # the test tells the block's output rounded before the add from one rounding at the end
+        exact = _routed_reference(y.float(), ids, e)
+        assert not torch.equal((residual.float() + exact).to(dtype), ref)
+    with pytest.raises(ValueError, match="residual"):
+        moe_gemm.moe_combine(y, ids, e, dtype, *shared, residual=residual[:, :-1])
+
+
 @pytest.mark.parametrize("t", [0, 1, 37])
 def test_backend_adds_the_shared_expert_as_torch_does(t: int) -> None:
     """TritonExperts with a SharedAddend = its routed output, then SharedAddend.add_to."""
@@ -95,6 +125,9 @@ def test_backend_adds_the_shared_expert_as_torch_does(t: int) -> None:
     experts = TritonExperts()
     out = experts.forward(x, gate_up, down, ids, weights, shared=addend)
     assert torch.equal(out, addend.add_to(experts.forward(x, gate_up, down, ids, weights)))
+    residual = torch.randn(t, h, device=DEVICE).to(dtype)
+    assert torch.equal(experts.forward(x, gate_up, down, ids, weights, shared=addend, residual=residual),
+                       residual + out)
 
 
 def test_fused_combine_replays_in_a_graph_and_compiles_once() -> None:

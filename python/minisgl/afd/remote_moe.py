@@ -64,5 +64,7 @@ class RemoteMoE(MoEBlock):
             out = torch.zeros_like(inflight.x)
         return all_reduce(out, self.parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.combine(self.dispatch(x, mb=0))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for x, or `residual +` it (the decoder layer's residual add)."""
+        out = self.combine(self.dispatch(x, mb=0))
+        return out if residual is None else residual + out

@@ -29,6 +29,7 @@ from minisgl.kernels.fp8_quant import GROUP
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 from minisgl.kernels.moe_gemm_large import down_large, fuses_quantisation, gate_up_large
+from minisgl.kernels.tl_dtypes import TL_DTYPE
 
 
 @triton.jit(do_not_specialize=["stride_xsk"])
@@ -77,8 +78,10 @@ def _moe_down_kernel(
 
 @triton.jit
 def _moe_combine_kernel(
-    y_ptr, ids_ptr, shared_ptr, scale_ptr, out_ptr, N, num_experts, stride_ym, stride_sm, stride_cm, stride_om,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr,
+    y_ptr, ids_ptr, shared_ptr, scale_ptr, residual_ptr, out_ptr, N, num_experts,
+    stride_ym, stride_sm, stride_cm, stride_rm, stride_om,
+    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_DTYPE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -94,8 +97,11 @@ def _moe_combine_kernel(
         # the output's. The launch disables FMA contraction, which would skip the product's rounding.
         scale = tl.load(scale_ptr + t * stride_cm).to(tl.float32)
         shared = tl.load(shared_ptr + t * stride_sm + rn, mask=n_ok, other=0.0).to(tl.float32)
-        gated = (scale * shared).to(out_ptr.dtype.element_ty).to(tl.float32)
+        gated = (scale * shared).to(BLOCK_DTYPE).to(tl.float32)
         acc = acc.to(shared_ptr.dtype.element_ty).to(tl.float32) + gated
+    if RESIDUAL:  # torch's `residual + block_output`: the block's output rounded to its dtype, then the sum
+        residual = tl.load(residual_ptr + t * stride_rm + rn, mask=n_ok, other=0.0).to(tl.float32)
+        acc = acc.to(BLOCK_DTYPE).to(tl.float32) + residual
     tl.store(out_ptr + t * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
@@ -242,10 +248,13 @@ def moe_combine(
     dtype: torch.dtype,  # the routed sum's (x's)
     shared: torch.Tensor | None = None,  # [T, H] in `dtype`: the shared expert's output
     scale: torch.Tensor | None = None,  # [T, 1] any float dtype: its gate, sigmoid(logit) in the logit's dtype
+    residual: torch.Tensor | None = None,  # [T, H] any float dtype: the stream the block's output joins
 ) -> torch.Tensor:
     """[T, H]: the sum over each token's valid pairs (zero where a token has none), in `dtype`; with
     `shared`, plus scale * shared, bit for bit torch's `sum + scale * shared` on the rounded sum,
-    in torch's promoted dtype (`dtype` unless the scale is wider).
+    in torch's promoted dtype (`dtype` unless the scale is wider); with `residual`, that block
+    output added to it as torch's `residual + output` adds, in their promoted dtype (the decoder
+    layer's residual add in the same pass: no [T, H] round trip of the block's output).
 
     The sigmoid stays outside, in torch ([T, 1]: one tiny launch, no [T, H] traffic), so the gate
     is torch's by construction: Triton's fp32 exp is an approximate ex2 that would move the bf16
@@ -256,13 +265,19 @@ def moe_combine(
         raise ValueError("the shared expert's output and its gate's scale come together")
     if shared is not None and shared.dtype != dtype:
         raise ValueError(f"the shared expert's output is {shared.dtype}, the routed sum {dtype}")
+    if residual is not None and residual.shape != (t, n):
+        raise ValueError(f"the residual is {tuple(residual.shape)}, the block's output {(t, n)}")
     fused = shared is not None
-    out = torch.empty(t, n, dtype=torch.promote_types(dtype, scale.dtype) if fused else dtype, device=y.device)
+    block_dtype = torch.promote_types(dtype, scale.dtype) if fused else dtype
+    out_dtype = block_dtype if residual is None else torch.promote_types(residual.dtype, block_dtype)
+    out = torch.empty(t, n, dtype=out_dtype, device=y.device)
     shared, scale = (shared.contiguous(), scale) if fused else (y, y)  # y: pointers left unread
+    residual_rows = y if residual is None else residual.contiguous()
     block_n = 1024
     _moe_combine_kernel[(t, triton.cdiv(n, block_n))](
-        y, local_ids.contiguous(), shared, scale, out, n, num_experts,
-        y.stride(0), shared.stride(0), scale.stride(0), out.stride(0),
-        TOP_K=top_k, BLOCK_N=block_n, SHARED=fused, enable_fp_fusion=False,
+        y, local_ids.contiguous(), shared, scale, residual_rows, out, n, num_experts,
+        y.stride(0), shared.stride(0), scale.stride(0), residual_rows.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=block_n, SHARED=fused, RESIDUAL=residual is not None,
+        BLOCK_DTYPE=TL_DTYPE[block_dtype], enable_fp_fusion=False,
     )
     return out

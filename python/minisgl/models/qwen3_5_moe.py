@@ -68,7 +68,7 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h, y = self.mixer_half(x, ctx)
-        return h + self.mlp(y)
+        return self.mlp(y, residual=h)  # h + mlp(y), which a local MoE block adds in its combine pass
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):

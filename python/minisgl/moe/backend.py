@@ -27,7 +27,9 @@ class ExpertsBackend(Protocol):
         gate_up_scale: torch.Tensor | None = None,  # FP8 weights: block scales (ExpertWeights.scales())
         down_scale: torch.Tensor | None = None,
         shared: SharedAddend | None = None,  # a colocated block's shared expert; None on an expert worker
+        residual: torch.Tensor | None = None,  # [T, H]: the residual stream, when the block's output is whole here
     ) -> torch.Tensor:
         """sum over k of weights * expert(x) for this rank's experts -> [T, H] in x's dtype, then
-        `shared.add_to` of that (rounded exactly as its torch ops round; the dtype theirs)."""
+        `shared.add_to` of that (rounded exactly as its torch ops round; the dtype theirs), then
+        `residual +` that, as torch adds them."""
         ...

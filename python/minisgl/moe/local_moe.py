@@ -90,15 +90,19 @@ class LocalMoE(MoEBlock):
         self.backend = experts_backend
         self.add_shared_expert(hidden, shared_intermediate)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for x [T, H], or `residual +` it (the decoder layer's residual add)."""
         xin = Activations(x)  # the shared and routed experts' one input, quantised once on FP8 weights
         weights, ids = self.route(xin)
         if not self.all_experts:
             ids = self.experts.local_ids(ids)
-        # The backend adds the gated shared expert to the routed sum (the Triton one in its combine);
-        # under TP both are partial sums, so the one all-reduce still comes after the add.
+        # The backend adds the gated shared expert to the routed sum, and the residual where this rank's
+        # output is the block's whole output (the Triton one in its combine); under TP both are partial
+        # sums, so the one all-reduce still comes after the shared add, and the residual after it.
+        whole = self.parallel.tp_size == 1
         out = self.backend.forward(
             xin, self.experts.gate_up_proj, self.experts.down_proj, ids, weights, **self.experts.scales(),
-            shared=self.shared_addend(xin),
+            shared=self.shared_addend(xin), residual=residual if whole else None,
         )
-        return all_reduce(out, self.parallel)
+        out = all_reduce(out, self.parallel)
+        return out if residual is None or whole else residual + out

@@ -26,6 +26,7 @@ class TorchExperts:
         gate_up_scale: torch.Tensor | None = None,  # FP8 weights: block scales (ExpertWeights.scales())
         down_scale: torch.Tensor | None = None,
         shared: SharedAddend | None = None,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = tensor(x)
         out = torch.zeros_like(x)
@@ -40,4 +41,5 @@ class TorchExperts:
             gate, up = F.linear(x[tok], w13).chunk(2, dim=-1)
             y = F.linear(F.silu(gate) * up, w2) * weights[tok, slot, None]
             out.index_add_(0, tok, y.to(out.dtype))
-        return out if shared is None else shared.add_to(out)
+        out = out if shared is None else shared.add_to(out)
+        return out if residual is None else residual + out

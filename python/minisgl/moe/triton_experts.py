@@ -30,6 +30,7 @@ class TritonExperts:
         down_scale: torch.Tensor | None = None,  # [E_local, ceil(H/128), ceil(I/128)] fp32 (FP8 only)
         shared: SharedAddend | None = None,  # added in the combine's pass, rounded as SharedAddend.add_to
         grouping: ExpertGrouping | None = None,  # precomputed align_experts(local_ids, E_local, block_m)
+        residual: torch.Tensor | None = None,  # added in the combine's pass too, as torch's `residual + out`
     ) -> torch.Tensor:
         xin = Activations.of(x)
         x = xin.x
@@ -38,11 +39,12 @@ class TritonExperts:
             raise ValueError("FP8 expert weights need both scales, and BF16 ones none")
         if x.shape[0] == 0:
             out = torch.empty_like(x)
-            return out if shared is None else shared.add_to(out)
+            out = out if shared is None else shared.add_to(out)
+            return out if residual is None else residual + out
         num_experts = gate_up_proj.shape[0]
         g = grouping or align_experts(local_ids, num_experts, regime(local_ids.numel(), num_experts).block_m)
         h = moe_gate_up(xin, gate_up_proj, gate_up_scale, g)
         y = moe_down(h, down_proj, down_scale, weights, g)
         if shared is None:
-            return moe_combine(y, local_ids, num_experts, x.dtype)
-        return moe_combine(y, local_ids, num_experts, x.dtype, shared.out, shared.scale())
+            return moe_combine(y, local_ids, num_experts, x.dtype, residual=residual)
+        return moe_combine(y, local_ids, num_experts, x.dtype, shared.out, shared.scale(), residual)
