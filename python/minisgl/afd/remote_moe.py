@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.afd.exchange import Exchange, PendingCombine
+from minisgl.kernels.activations import Activations, tensor
 from minisgl.moe.block import MoEBlock
 from minisgl.parallel.collectives import all_reduce
 from minisgl.parallel.config import SINGLE, ParallelConfig
@@ -48,13 +49,15 @@ class RemoteMoE(MoEBlock):
         self.transport = transport
         self.step = step
 
-    def dispatch(self, x: torch.Tensor, mb: int) -> InFlight:
-        pending = None
+    def dispatch(self, x: torch.Tensor | Activations, mb: int) -> InFlight:
+        """Sends x's rows (the expert workers quantise what they receive) and runs the shared expert,
+        which reads x's codes where the norm before the block wrote them."""
+        rows, pending = tensor(x), None
         if self.transport is not None:
             weights, ids = self.route(x)
-            pending = self.transport.dispatch(mb, self.step.bucket, x, ids.int(), weights.float())
+            pending = self.transport.dispatch(mb, self.step.bucket, rows, ids.int(), weights.float())
         # The shared expert runs while the expert workers compute the routed ones.
-        return InFlight(pending, self.shared(x), x)
+        return InFlight(pending, self.shared(x), rows)
 
     def combine(self, inflight: InFlight) -> torch.Tensor:
         out = None if inflight.pending is None else self.transport.combine(inflight.pending)
@@ -64,7 +67,7 @@ class RemoteMoE(MoEBlock):
             out = torch.zeros_like(inflight.x)
         return all_reduce(out, self.parallel)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Activations, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The block's output for x, or `residual +` it (the decoder layer's residual add)."""
         out = self.combine(self.dispatch(x, mb=0))
         return out if residual is None else residual + out

@@ -6,3 +6,15 @@ import torch
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448.0
+GROUP = 128  # activation groups are 1 x GROUP of a token's features; weight blocks GROUP x GROUP
+
+
+def rows_split_into_groups(shape: torch.Size | tuple[int, ...]) -> bool:
+    """Whether the rows of a [T, ..., C] tensor, a token's features being its rows flattened, hold
+    whole groups: 128 of one row's columns (C a multiple of 128), or 128 / C whole rows of one token."""
+    if len(shape) < 2:
+        return False
+    cols, per_token = shape[-1], 1
+    for n in shape[1:-1]:
+        per_token *= n
+    return cols % GROUP == 0 or (GROUP % cols == 0 and per_token * cols % GROUP == 0)

@@ -23,9 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX
+from minisgl.kernels.fp8_format import FP8_DTYPE, FP8_MAX, GROUP
 
-GROUP = 128  # the checkpoints' block edge: weight blocks are GROUP x GROUP, activation groups 1 x GROUP
 ROWS = 32  # tokens per program from PREFILL_TOKENS on: a 4096-element tile, 16 per thread at 4 warps
 DECODE_ROWS = 4  # tokens per program below PREFILL_TOKENS
 PREFILL_TOKENS = 512

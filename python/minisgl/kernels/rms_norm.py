@@ -10,26 +10,42 @@ r = rsqrt(mean(x²) + eps) in fp32:
 
 Inputs [..., C] need a unit-stride last dim and are read through a row stride, so strided views
 (the q half of a fused q/gate projection) are not copied; outputs are new contiguous tensors.
+
+`quantise=True` also writes y's FP8 codes and per-token 128-group scales in the same pass, exactly
+kernels/fp8_quant.py's of the stored y (its rule applied to y as rounded), and returns the two as
+Activations, so the FP8 projections that read a norm's output quantise nothing: at the 122B's 2 x 8K
+prefill step the quantiser's separate pass over a norm's output re-read [T, 3072] or [T, 8192] bf16
+rows, 132 times a step. A token's features are its rows of y flattened ([T, heads, C]: heads x C),
+so a group is 128 of one row's columns (C a multiple of 128) or 128 / C whole rows (C a power of two
+below 128).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
+from minisgl.kernels.activations import Activations
+from minisgl.kernels.fp8_format import FP8_MAX, rows_split_into_groups
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
+from minisgl.kernels.fp8_quant import GROUP, quantised_outputs, quantize_tile
 from minisgl.kernels.tl_dtypes import TL_DTYPE
 
 # A program covers about this many elements: one row at hidden 4096, sixteen per-head rows of 128.
 _TILE = 2048
 
 
-# rows changes every step: left unspecialised, a new token count never compiles a new variant.
-@triton.jit(do_not_specialize=["rows"])
+# rows (and the scales' row stride, the padded token count) change every step: left unspecialised,
+# a new token count never compiles a new variant.
+@triton.jit(do_not_specialize=["rows", "stride_sg"])
 def _rms_norm_kernel(
-    x_ptr, delta_ptr, h_ptr, z_ptr, w_ptr, y_ptr,
-    stride_x, stride_delta, stride_h, stride_z, stride_y, rows, cols, eps,
-    ONE_PLUS_W: tl.constexpr, GATED: tl.constexpr, HAS_DELTA: tl.constexpr, PRODUCT_DTYPE: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, delta_ptr, h_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr,
+    stride_x, stride_delta, stride_h, stride_z, stride_y, stride_sg, rows, cols, rows_per_token, eps,
+    ONE_PLUS_W: tl.constexpr, GATED: tl.constexpr, HAS_DELTA: tl.constexpr, QUANT: tl.constexpr,
+    PRODUCT_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
     c = tl.arange(0, BLOCK_C)[None, :]
@@ -49,7 +65,19 @@ def _rms_norm_kernel(
         if GATED:
             z = tl.load(z_ptr + r * stride_z + c, mask=mask, other=0.0).to(tl.float32)
             y = y * (z / (1.0 + tl.exp(-z)))
-    tl.store(y_ptr + r * stride_y + c, y.to(y_ptr.dtype.element_ty), mask=mask)
+    y = y.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + r * stride_y + c, y, mask=mask)
+    if QUANT:
+        # The tile's elements in order, GROUP at a time: each run of GROUP is one token's group (the
+        # launcher aligns tiles and rows to groups). Masked columns are zeros: a group past the row's
+        # end has scale 1 and is not stored.
+        codes, scale = quantize_tile(tl.reshape(y.to(tl.float32), (BLOCK_R * BLOCK_C // GROUP, GROUP)), FP8_MAX)
+        tl.store(q_ptr + r * cols + c, tl.reshape(codes, (BLOCK_R, BLOCK_C)).to(q_ptr.dtype.element_ty), mask=mask)
+        first = tl.arange(0, BLOCK_R * BLOCK_C // GROUP) * GROUP  # each group's first element in the tile
+        g_row = tl.program_id(0).to(tl.int64) * BLOCK_R + first // BLOCK_C
+        g_col = first % BLOCK_C
+        group = ((g_row % rows_per_token) * cols + g_col) // GROUP
+        tl.store(s_ptr + group * stride_sg + g_row // rows_per_token, scale, mask=(g_row < rows) & (g_col < cols))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -75,40 +103,49 @@ def _launch(
     delta: torch.Tensor | None = None,
     h_out: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
-) -> torch.Tensor:
+    quantise: bool = False,
+) -> torch.Tensor | Activations:
     cols = x.shape[-1]
     if weight.shape != (cols,):
         raise ValueError(f"weight {tuple(weight.shape)} does not match rows of width {cols}")
+    if quantise and not rows_split_into_groups(x.shape):
+        raise ValueError(f"quantise: rows of {tuple(x.shape)} do not split into tokens' {GROUP}-groups")
     product_dtype = torch.promote_types(weight.dtype, x.dtype)
     plain = not zero_centered and z is None  # only the plain variant returns its product's dtype
     out = _output(out, x, product_dtype if plain else x.dtype)
     x2 = _rows(x)
     rows = x2.shape[0]
-    if rows == 0:
+    features = math.prod(x.shape[1:]) if quantise else cols  # a token's, flattened
+    tokens = x.shape[0] if quantise else rows
+    q, s = quantised_outputs(tokens, features, ROWS_MULTIPLE, x.device) if quantise else (x2, x2)
+    if rows:
+        h2 = delta2 = z2 = x2  # stand-ins for the pointers the variant does not read
+        if delta is not None:
+            delta2, h2 = _rows(delta), h_out.view(-1, cols)
+        if z is not None:
+            z2 = _rows(z)
+        y2 = out.view(-1, cols)
+        block_c = triton.next_power_of_2(cols)
+        block_r = max(1, _TILE // block_c)
+        _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
+            x2, delta2, h2, z2, weight, y2, q, s,
+            x2.stride(0), delta2.stride(0), h2.stride(0), z2.stride(0), y2.stride(0), s.stride(0),
+            rows, cols, features // cols, eps,
+            ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None, QUANT=quantise,
+            PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, BLOCK_C=block_c, GROUP=GROUP,
+            FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 else 4,
+        )
+    if not quantise:
         return out
-    h2 = delta2 = z2 = x2  # stand-ins for the pointers the variant does not read
-    if delta is not None:
-        delta2, h2 = _rows(delta), h_out.view(-1, cols)
-    if z is not None:
-        z2 = _rows(z)
-    y2 = out.view(-1, cols)
-    block_c = triton.next_power_of_2(cols)
-    block_r = max(1, _TILE // block_c)
-    _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        x2, delta2, h2, z2, weight, y2,
-        x2.stride(0), delta2.stride(0), h2.stride(0), z2.stride(0), y2.stride(0), rows, cols, eps,
-        ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None,
-        PRODUCT_DTYPE=TL_DTYPE[product_dtype],
-        BLOCK_R=block_r, BLOCK_C=block_c, num_warps=8 if block_r * block_c >= 4096 else 4,
-    )
-    return out
+    return Activations.quantised(out.view(tokens, features), q, s.t())
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool, out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """RMSNorm over the last dim of x [..., C] with weight [C]."""
-    return _launch(zero_centered, x, weight, eps, out)
+    x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool, out: torch.Tensor | None = None,
+    quantise: bool = False,
+) -> torch.Tensor | Activations:
+    """RMSNorm over the last dim of x [..., C] with weight [C] (with its codes: Activations)."""
+    return _launch(zero_centered, x, weight, eps, out, quantise=quantise)
 
 
 def add_rms_norm(
@@ -119,19 +156,21 @@ def add_rms_norm(
     zero_centered: bool,
     h_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    quantise: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | Activations]:
     """(h, norm(h)) for the residual sum h = x + delta, in one pass over the rows."""
     if delta.shape != x.shape or delta.dtype != x.dtype:
         raise ValueError(f"delta {delta.dtype}{tuple(delta.shape)} must match x {x.dtype}{tuple(x.shape)}")
     h_out = _output(h_out, x, x.dtype)
-    y = _launch(zero_centered, x, weight, eps, out, delta=delta, h_out=h_out)
+    y = _launch(zero_centered, x, weight, eps, out, delta=delta, h_out=h_out, quantise=quantise)
     return h_out, y
 
 
 def gated_rms_norm(
-    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
-) -> torch.Tensor:
+    x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
+    quantise: bool = False,
+) -> torch.Tensor | Activations:
     """GDN's output norm: w · norm(x) · silu(z), rows of x and z [..., C] paired."""
     if z.shape != x.shape:
         raise ValueError(f"gate {tuple(z.shape)} must match x {tuple(x.shape)}")
-    return _launch(False, x, weight, eps, out, z=z)
+    return _launch(False, x, weight, eps, out, z=z, quantise=quantise)

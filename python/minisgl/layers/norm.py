@@ -2,12 +2,19 @@
 
 CUDA inputs run the fused Triton kernels (kernels/rms_norm.py, same rounding order); the torch
 functions here are the CPU path and the kernels' reference. Triton is imported only on CUDA: CPU
-installs have none."""
+installs have none.
+
+A norm whose readers are FP8 projections (`fp8_output`, set by the layer that owns it once the
+dtypes are final: models/materialize.py) returns, on CUDA, Activations carrying the output's codes,
+written in the norm's own pass, so none of those readers quantises it again."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minisgl.kernels.activations import Activations
+from minisgl.kernels.fp8_format import rows_split_into_groups
 
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,33 +42,47 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.zero_centered = zero_centered
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.fp8_output = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def feed_fp8(self, readers_fp8: bool) -> None:
+        """Called by the owner once the dtypes are final: whether every reader of the output that
+        quantises it is an FP8 projection. Rows of fewer than 128 features keep the quantiser's pass."""
+        self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | Activations:
         if x.is_cuda:
             from minisgl.kernels.rms_norm import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, self.zero_centered)
+            return rms_norm(x, self.weight, self.eps, self.zero_centered, quantise=self.fp8_output)
         return rms_norm_torch(x, self.weight, self.eps, self.zero_centered)
 
-    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | Activations]:
         """(h, norm(h)) for the residual sum h = x + delta; one launch on CUDA."""
         if x.is_cuda:
             from minisgl.kernels.rms_norm import add_rms_norm
 
-            return add_rms_norm(x, delta, self.weight, self.eps, self.zero_centered)
+            return add_rms_norm(x, delta, self.weight, self.eps, self.zero_centered, quantise=self.fp8_output)
         h = x + delta
         return h, self(h)
 
 
 class GatedRMSNorm(nn.Module):
+    """Over each head's rows of [T, heads, dim]; the output is [T, heads * dim], a token a row."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.fp8_output = False
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def feed_fp8(self, readers_fp8: bool, heads: int) -> None:
+        """As RMSNorm.feed_fp8, for outputs of `heads` rows a token."""
+        self.fp8_output = readers_fp8 and rows_split_into_groups((1, heads, self.weight.shape[0]))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor | Activations:
         if x.is_cuda:
             from minisgl.kernels.rms_norm import gated_rms_norm
 
-            return gated_rms_norm(x, gate, self.weight, self.eps)
-        return gated_rms_norm_torch(x, gate, self.weight, self.eps)
+            y = gated_rms_norm(x, gate, self.weight, self.eps, quantise=self.fp8_output)
+            return y if isinstance(y, Activations) else y.view(x.shape[0], -1)
+        return gated_rms_norm_torch(x, gate, self.weight, self.eps).reshape(x.shape[0], -1)

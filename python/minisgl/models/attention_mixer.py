@@ -11,6 +11,7 @@ from torch import nn
 from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.paged_kv import PagedKV
 from minisgl.kernels.activations import Activations
+from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
 from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
@@ -55,9 +56,14 @@ class Attention(nn.Module):
         if row_stack_fits((self.q_proj, self.k_proj, self.v_proj)):
             self.qkv = RowStack((self.q_proj, self.k_proj, self.v_proj), device)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
-        xin = Activations(x)  # q, k and v's one input, quantised once on FP8 weights
+    @property
+    def reads_fp8(self) -> bool:
+        """Whether q, k and v quantise their input (layers/norm.py's fp8_output)."""
+        return isinstance(self.q_proj, Fp8Linear)
+
+    def forward(self, x: torch.Tensor | Activations, ctx: ForwardContext) -> torch.Tensor:
+        xin = Activations.of(x)  # q, k and v's one input, quantised once on FP8 weights
+        t, d = xin.x.shape[0], self.head_dim
         # Stacked, each output is a column block of one [T, q + k + v] tensor: rows strided, read in place.
         q, k, v = layer_outputs(self.qkv, (self.q_proj, self.k_proj, self.v_proj), xin)
         q = q.view(t, self.num_heads, -1)

@@ -18,6 +18,7 @@ from minisgl.gdn.delta_inputs import DeltaInputs
 from minisgl.gdn.prefill_states import conv_snapshots, delta_prefill
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.planar_out import PlanarOut
+from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
 from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
@@ -71,16 +72,25 @@ class GatedDeltaNet(nn.Module):
         if row_stack_fits((self.in_proj_b, self.in_proj_a)):
             self.gates = RowStack((self.in_proj_b, self.in_proj_a), device)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t = x.shape[0]
-        xin = Activations(x)  # the four projections' one input, quantised once on FP8 weights
+    @property
+    def reads_fp8(self) -> bool:
+        """Whether the input projections quantise their input (layers/norm.py's fp8_output)."""
+        return isinstance(self.in_proj_qkv, Fp8Linear)
+
+    def feed_fp8_norms(self) -> None:
+        """Called by materialize once the dtypes are final: the output norm writes out_proj's codes."""
+        self.norm.feed_fp8(isinstance(self.out_proj, Fp8Linear), self.num_v_heads)
+
+    def forward(self, x: torch.Tensor | Activations, ctx: ForwardContext) -> torch.Tensor:
+        xin = Activations.of(x)  # the four projections' one input, quantised once on FP8 weights
+        t = xin.x.shape[0]
         b, a = layer_outputs(self.gates, (self.in_proj_b, self.in_proj_a), xin)
         o = ctx.mixer_core(self._mix, self.in_proj_qkv(xin), a, b)  # a, b: strided column blocks if stacked
         # xin (x and its codes) outlives the core: with piecewise graphs, graph-pool memory that no
         # core touches and that the next graph reads, as x alone did before.
-        z = self.in_proj_z(xin).reshape(t * self.num_v_heads, self.v_dim)
-        o = self.norm(o.reshape(t * self.num_v_heads, self.v_dim), z)
-        return all_reduce(self.out_proj(o.reshape(t, self.num_v_heads * self.v_dim)), self.parallel)
+        z = self.in_proj_z(xin).reshape(t, self.num_v_heads, self.v_dim)
+        o = self.norm(o.reshape(t, self.num_v_heads, self.v_dim), z)  # [T, HV * V], with out_proj's codes on FP8
+        return all_reduce(self.out_proj(o), self.parallel)
 
     def _mix(self, ctx: ForwardContext, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """The causal conv and the gated delta rule over each request's state slot: [T, HV, V]."""

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from minisgl.kernels.activations import Activations
 from minisgl.kvcache.hybrid_pool import HybridPool
 from minisgl.layers.embedding import Embedding
 from minisgl.layers.linear import column_parallel
@@ -61,7 +62,14 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.mlp = mlp
 
-    def mixer_half(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def feed_fp8_norms(self) -> None:
+        """Called by materialize once the dtypes are final: a norm whose readers quantise its output
+        writes their FP8 codes in its own pass (layers/norm.py)."""
+        mixer = self.self_attn if self.is_full else self.linear_attn
+        self.input_layernorm.feed_fp8(mixer.reads_fp8)
+        self.post_attention_layernorm.feed_fp8(self.mlp.reads_fp8)
+
+    def mixer_half(self, x: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor | Activations]:
         """Everything before the MoE block: returns (residual h, the MoE block's input)."""
         mixer = self.self_attn if self.is_full else self.linear_attn
         return self.post_attention_layernorm.add_and_norm(x, mixer(self.input_layernorm(x), ctx))

@@ -64,6 +64,12 @@ class MoEBlock(nn.Module):
             self.shared_expert = SharedExpert(hidden, intermediate, self.parallel)
             self.shared_expert_gate = Linear(hidden, 1)
 
+    @property
+    def reads_fp8(self) -> bool:
+        """Whether a reader of the block's input quantises it (an FP8 projection): then the norm
+        before the block writes the codes (layers/norm.py)."""
+        return self.shared_expert is not None and isinstance(self.shared_expert.gate_proj, Fp8Linear)
+
     def route(self, x: torch.Tensor | Activations) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, expert ids), each [T, top_k]."""
         return route(self.gate(x), self.top_k, self.renormalize)
@@ -75,7 +81,7 @@ class MoEBlock(nn.Module):
             return None
         return SharedAddend(self.shared_expert(x), self.shared_expert_gate(x))
 
-    def shared(self, x: torch.Tensor) -> torch.Tensor | None:
+    def shared(self, x: torch.Tensor | Activations) -> torch.Tensor | None:
         """The gated shared expert's output, or None without one."""
         addend = self.shared_addend(x)
         return None if addend is None else addend.gated()

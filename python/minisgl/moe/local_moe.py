@@ -90,9 +90,13 @@ class LocalMoE(MoEBlock):
         self.backend = experts_backend
         self.add_shared_expert(hidden, shared_intermediate)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def reads_fp8(self) -> bool:
+        return super().reads_fp8 or self.experts.gate_up_proj_scale_inv is not None
+
+    def forward(self, x: torch.Tensor | Activations, residual: torch.Tensor | None = None) -> torch.Tensor:
         """The block's output for x [T, H], or `residual +` it (the decoder layer's residual add)."""
-        xin = Activations(x)  # the shared and routed experts' one input, quantised once on FP8 weights
+        xin = Activations.of(x)  # the shared and routed experts' one input, quantised once on FP8 weights
         weights, ids = self.route(xin)
         if not self.all_experts:
             ids = self.experts.local_ids(ids)

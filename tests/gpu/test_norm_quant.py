@@ -1,0 +1,142 @@
+"""RMS norms that write their output's FP8 codes in their own pass (kernels/rms_norm.py, quantise=True)
+against the unfused path, bit for bit: y against the same norm without codes, the codes and scales
+against quantize_activations of that y per token (padded for cuBLAS as Activations.fp8 pads them).
+No tolerance: the fused pass quantises the stored y by the quantiser's own rule, so any difference
+is a bug. Then an FP8 model at the 122B's widths: the norms before FP8 projections carry codes, the
+quantiser runs that many times fewer a step, and the logits are unchanged."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernel_checks import DEVICE
+
+pytest.importorskip("triton")
+
+from minisgl.kernels import fp8_quant  # noqa: E402
+from minisgl.kernels.activations import Activations  # noqa: E402
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE  # noqa: E402
+from minisgl.kernels.fp8_quant import quantize_activations  # noqa: E402
+from minisgl.kernels.rms_norm import add_rms_norm, gated_rms_norm, rms_norm  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+EPS = 1e-6
+
+
+def _rows(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Per-token magnitudes over four decades, and (from 3 tokens) a token of zeros: scale 1."""
+    x = torch.randn(*shape, device=DEVICE) * torch.rand(shape[0], *[1] * (len(shape) - 1), device=DEVICE).mul(4).add(0.01)
+    if shape[0] > 2:
+        x[1] = 0.0
+    return x.to(dtype)
+
+
+def _assert_codes_match(acts: Activations, y: torch.Tensor) -> None:
+    """acts holds y [T, ...] as [T, features] and the quantiser's codes of it, bit for bit."""
+    t = y.shape[0]
+    flat = y.reshape(t, -1)
+    assert acts.x.shape == flat.shape and torch.equal(acts.x, flat)
+    q, s = acts.fp8()
+    ref_q, ref_s = quantize_activations(flat, ROWS_MULTIPLE)
+    assert q.shape == ref_q.shape and s.shape == ref_s.shape and s.stride() == ref_s.stride()
+    assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8))
+    assert torch.equal(s[:t], ref_s[:t])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("zero_centered", [True, False])
+@pytest.mark.parametrize("t", [1, 5, 37, 600])
+@pytest.mark.parametrize("width", [3072, 256])  # 3072: the 122B's hidden, a tile of 4096 with masked groups
+def test_rms_norm_codes(t: int, width: int, zero_centered: bool, dtype: torch.dtype) -> None:
+    torch.manual_seed(t + width)
+    x = _rows((t, width), dtype)
+    w = (torch.randn(width, device=DEVICE) * 0.2 + (0.0 if zero_centered else 1.0)).to(dtype)
+    acts = rms_norm(x, w, EPS, zero_centered, quantise=True)
+    _assert_codes_match(acts, rms_norm(x, w, EPS, zero_centered))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t", [3, 600])
+def test_add_rms_norm_codes(t: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(t)
+    x, delta = _rows((t, 3072), dtype), _rows((t, 3072), dtype)
+    w = (torch.randn(3072, device=DEVICE) * 0.2).to(dtype)
+    h, acts = add_rms_norm(x, delta, w, EPS, True, quantise=True)
+    ref_h, ref_y = add_rms_norm(x, delta, w, EPS, True)
+    assert torch.equal(h, ref_h)
+    _assert_codes_match(acts, ref_y)
+
+
+# [T, heads, C]: the 122B's GDN output (64 heads of 128), two groups a row (256), and 128 / 32 = 4 rows a
+# group (the tiny models' 4 heads of 32).
+@pytest.mark.parametrize("heads,cols", [(64, 128), (3, 256), (4, 32), (8, 32)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("t", [1, 7, 600])
+def test_gated_rms_norm_codes(t: int, heads: int, cols: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(t * heads + cols)
+    x, z = _rows((t, heads, cols), dtype), _rows((t, heads, cols), dtype) * 3
+    w = (torch.randn(cols, device=DEVICE) * 0.2 + 1.0).to(dtype)
+    acts = gated_rms_norm(x, z, w, EPS, quantise=True)
+    _assert_codes_match(acts, gated_rms_norm(x, z, w, EPS))
+
+
+def test_no_rows() -> None:
+    x = torch.empty(0, 256, device=DEVICE, dtype=torch.bfloat16)
+    acts = rms_norm(x, torch.ones(256, device=DEVICE, dtype=torch.bfloat16), EPS, True, quantise=True)
+    assert acts.x.shape == (0, 256) and acts.fp8()[0].shape == (0, 256)
+
+
+@pytest.mark.parametrize("shape", [(4, 200), (4, 3, 32), (4, 96)])  # no whole 128-groups a token
+def test_rows_without_whole_groups_are_refused(shape: tuple[int, ...]) -> None:
+    x = torch.randn(*shape, device=DEVICE)
+    with pytest.raises(ValueError, match="128-groups"):
+        rms_norm(x, torch.ones(shape[-1], device=DEVICE), EPS, True, quantise=True)
+
+
+def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 layers at the 122B's widths (3 GDN, 1 attention), FP8, eager: every input and post-mixer
+    norm and every GDN output norm writes codes, which saves 2 quantiser passes a layer and 1 a GDN
+    layer, and the logits equal those with every norm's codes left to the quantiser."""
+    from minisgl.engine.args import EngineArgs
+    from minisgl.engine.engine import Engine
+    from minisgl.engine.plan import resolve_plan
+    from minisgl.models.known_configs import hf_config
+
+    raw = hf_config("Qwen3.5-122B-A10B", fp8=True)
+    raw["text_config"]["num_hidden_layers"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    engine = Engine(resolve_plan(EngineArgs(str(tmp_path), load_format="dummy", page_size=64, max_running_requests=4,
+                                            context_length=1024, piecewise_cuda_graph_max_tokens=0)))
+    layers = engine.model.layers
+    norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms += [layer.linear_attn.norm for layer in layers if not layer.is_full]
+    assert len(norms) == 11 and all(n.fp8_output for n in norms)
+    calls: list[int] = []
+    unfused = fp8_quant.quantize_activations
+
+    def counted(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(x.shape[0])
+        return unfused(x, rows_multiple)
+
+    monkeypatch.setattr(fp8_quant, "quantize_activations", counted)
+    prompts = [torch.randint(0, 248320, (300 + 40 * i,)).tolist() for i in range(2)]
+
+    def prefill() -> torch.Tensor:
+        slots = [engine.pool.allocate(400) for _ in prompts]
+        for s in slots:
+            engine.pool.ensure_tokens(s, 400)
+        logits = engine.forward_batch(engine.make_batch(prompts, [0] * len(prompts), slots))
+        for s in slots:
+            engine.pool.free(s)
+        return logits
+
+    fused = prefill()
+    fused_calls = len(calls)
+    for n in norms:
+        n.fp8_output = False
+    unfused_logits = prefill()
+    assert len(calls) - 2 * fused_calls == len(norms)
+    assert torch.equal(fused, unfused_logits)
