@@ -35,11 +35,13 @@ def _rows(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _assert_codes_match(acts: Activations, y: torch.Tensor) -> None:
-    """acts holds y [T, ...] as [T, features] and the quantiser's codes of it, bit for bit."""
+    """acts holds y [T, ...] (the norm without codes) as [T, features], and the quantiser's codes of
+    it, bit for bit."""
     t = y.shape[0]
     flat = y.reshape(t, -1)
-    assert acts.x.shape == flat.shape and torch.equal(acts.x, flat)
     q, s = acts.fp8()
+    assert acts.x.shape == flat.shape
+    assert torch.equal(acts.x, flat), "y differs from the norm's without codes (the row sums' order?)"
     ref_q, ref_s = quantize_activations(flat, ROWS_MULTIPLE)
     assert q.shape == ref_q.shape and s.shape == ref_s.shape and s.stride() == ref_s.stride()
     assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8))
@@ -70,9 +72,8 @@ def test_add_rms_norm_codes(t: int, dtype: torch.dtype) -> None:
     _assert_codes_match(acts, ref_y)
 
 
-# [T, heads, C]: the 122B's GDN output (64 heads of 128), two groups a row (256), and 128 / 32 = 4 rows a
-# group (the tiny models' 4 heads of 32).
-@pytest.mark.parametrize("heads,cols", [(64, 128), (3, 256), (4, 32), (8, 32)])
+# [T, heads, C]: the 122B's GDN output (64 heads of 128), and two groups a row (256).
+@pytest.mark.parametrize("heads,cols", [(64, 128), (3, 256)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("t", [1, 7, 600])
 def test_gated_rms_norm_codes(t: int, heads: int, cols: int, dtype: torch.dtype) -> None:
@@ -89,7 +90,7 @@ def test_no_rows() -> None:
     assert acts.x.shape == (0, 256) and acts.fp8()[0].shape == (0, 256)
 
 
-@pytest.mark.parametrize("shape", [(4, 200), (4, 3, 32), (4, 96)])  # no whole 128-groups a token
+@pytest.mark.parametrize("shape", [(4, 200), (4, 4, 32), (4, 96)])  # rows not of whole 128-groups
 def test_rows_without_whole_groups_are_refused(shape: tuple[int, ...]) -> None:
     x = torch.randn(*shape, device=DEVICE)
     with pytest.raises(ValueError, match="128-groups"):

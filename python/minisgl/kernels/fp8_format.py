@@ -10,11 +10,6 @@ GROUP = 128  # activation groups are 1 x GROUP of a token's features; weight blo
 
 
 def rows_split_into_groups(shape: torch.Size | tuple[int, ...]) -> bool:
-    """Whether the rows of a [T, ..., C] tensor, a token's features being its rows flattened, hold
-    whole groups: 128 of one row's columns (C a multiple of 128), or 128 / C whole rows of one token."""
-    if len(shape) < 2:
-        return False
-    cols, per_token = shape[-1], 1
-    for n in shape[1:-1]:
-        per_token *= n
-    return cols % GROUP == 0 or (GROUP % cols == 0 and per_token * cols % GROUP == 0)
+    """Whether the rows of a [T, ..., C] tensor (a token's features being its rows flattened) hold
+    whole groups: C a multiple of 128."""
+    return len(shape) >= 2 and shape[-1] % GROUP == 0

@@ -16,8 +16,7 @@ kernels/fp8_quant.py's of the stored y (its rule applied to y as rounded), and r
 Activations, so the FP8 projections that read a norm's output quantise nothing: at the 122B's 2 x 8K
 prefill step the quantiser's separate pass over a norm's output re-read [T, 3072] or [T, 8192] bf16
 rows, 132 times a step. A token's features are its rows of y flattened ([T, heads, C]: heads x C),
-so a group is 128 of one row's columns (C a multiple of 128) or 128 / C whole rows (C a power of two
-below 128).
+and C must be a multiple of 128, so that each group is 128 of one row's columns.
 """
 from __future__ import annotations
 
@@ -44,11 +43,15 @@ def _rms_norm_kernel(
     x_ptr, delta_ptr, h_ptr, z_ptr, w_ptr, y_ptr, q_ptr, s_ptr,
     stride_x, stride_delta, stride_h, stride_z, stride_y, stride_sg, rows, cols, rows_per_token, eps,
     ONE_PLUS_W: tl.constexpr, GATED: tl.constexpr, HAS_DELTA: tl.constexpr, QUANT: tl.constexpr,
-    PRODUCT_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, GROUP: tl.constexpr,
+    PRODUCT_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr,
     FP8_MAX: tl.constexpr,
 ):
-    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
-    c = tl.arange(0, BLOCK_C)[None, :]
+    # A [BLOCK_R, GROUPS, GROUP] tile: column g * GROUP + j of each row. With codes, each [.., g, :] is
+    # one 128-group of a token, whose amax is a reduction along the last axis in the tile's own layout;
+    # with or without them the row's sum of squares runs in the same order, so y is the same.
+    r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None, None]
+    g = tl.arange(0, GROUPS)[None, :, None]
+    c = g * GROUP + tl.arange(0, GROUP)[None, None, :]
     mask = (r < rows) & (c < cols)
     x = tl.load(x_ptr + r * stride_x + c, mask=mask, other=0.0)
     if HAS_DELTA:
@@ -56,7 +59,8 @@ def _rms_norm_kernel(
         x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
         tl.store(h_ptr + r * stride_h + c, x, mask=mask)
     xf = x.to(tl.float32)
-    normed = xf * tl.rsqrt(tl.sum(xf * xf, axis=1) / cols + eps)[:, None]
+    ss = tl.sum(tl.sum(xf * xf, axis=2), axis=1)
+    normed = xf * tl.rsqrt(ss / cols + eps)[:, None, None]
     w = tl.load(w_ptr + c, mask=c < cols, other=0.0).to(tl.float32)
     if ONE_PLUS_W:
         y = normed * (1.0 + w)
@@ -68,16 +72,12 @@ def _rms_norm_kernel(
     y = y.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r * stride_y + c, y, mask=mask)
     if QUANT:
-        # The tile's elements in order, GROUP at a time: each run of GROUP is one token's group (the
-        # launcher aligns tiles and rows to groups). Masked columns are zeros: a group past the row's
-        # end has scale 1 and is not stored.
-        codes, scale = quantize_tile(tl.reshape(y.to(tl.float32), (BLOCK_R * BLOCK_C // GROUP, GROUP)), FP8_MAX)
-        tl.store(q_ptr + r * cols + c, tl.reshape(codes, (BLOCK_R, BLOCK_C)).to(q_ptr.dtype.element_ty), mask=mask)
-        first = tl.arange(0, BLOCK_R * BLOCK_C // GROUP) * GROUP  # each group's first element in the tile
-        g_row = tl.program_id(0).to(tl.int64) * BLOCK_R + first // BLOCK_C
-        g_col = first % BLOCK_C
-        group = ((g_row % rows_per_token) * cols + g_col) // GROUP
-        tl.store(s_ptr + group * stride_sg + g_row // rows_per_token, scale, mask=(g_row < rows) & (g_col < cols))
+        # Masked columns are zeros: a group past the row's end has scale 1 and is not stored.
+        codes, scale = quantize_tile(y.to(tl.float32), FP8_MAX)  # scale [BLOCK_R, GROUPS]
+        tl.store(q_ptr + r * cols + c, codes.to(q_ptr.dtype.element_ty), mask=mask)
+        r2, g2 = tl.reshape(r, (BLOCK_R, 1)), tl.reshape(g, (1, GROUPS))
+        group = (r2 % rows_per_token) * (cols // GROUP) + g2
+        tl.store(s_ptr + group * stride_sg + r2 // rows_per_token, scale, mask=(r2 < rows) & (g2 * GROUP < cols))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -127,12 +127,13 @@ def _launch(
         y2 = out.view(-1, cols)
         block_c = triton.next_power_of_2(cols)
         block_r = max(1, _TILE // block_c)
+        group = min(block_c, GROUP)
         _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
             x2, delta2, h2, z2, weight, y2, q, s,
             x2.stride(0), delta2.stride(0), h2.stride(0), z2.stride(0), y2.stride(0), s.stride(0),
             rows, cols, features // cols, eps,
             ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None, QUANT=quantise,
-            PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, BLOCK_C=block_c, GROUP=GROUP,
+            PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, GROUPS=block_c // group, GROUP=group,
             FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 else 4,
         )
     if not quantise:

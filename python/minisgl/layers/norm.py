@@ -46,7 +46,8 @@ class RMSNorm(nn.Module):
 
     def feed_fp8(self, readers_fp8: bool) -> None:
         """Called by the owner once the dtypes are final: whether every reader of the output that
-        quantises it is an FP8 projection. Rows of fewer than 128 features keep the quantiser's pass."""
+        quantises it is an FP8 projection. Rows of a width that is not a multiple of 128 keep the
+        quantiser's pass."""
         self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | Activations:
@@ -75,9 +76,9 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.fp8_output = False
 
-    def feed_fp8(self, readers_fp8: bool, heads: int) -> None:
-        """As RMSNorm.feed_fp8, for outputs of `heads` rows a token."""
-        self.fp8_output = readers_fp8 and rows_split_into_groups((1, heads, self.weight.shape[0]))
+    def feed_fp8(self, readers_fp8: bool) -> None:
+        """As RMSNorm.feed_fp8: heads of fewer than 128 features keep the quantiser's pass."""
+        self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor | Activations:
         if x.is_cuda:

@@ -79,7 +79,7 @@ class GatedDeltaNet(nn.Module):
 
     def feed_fp8_norms(self) -> None:
         """Called by materialize once the dtypes are final: the output norm writes out_proj's codes."""
-        self.norm.feed_fp8(isinstance(self.out_proj, Fp8Linear), self.num_v_heads)
+        self.norm.feed_fp8(isinstance(self.out_proj, Fp8Linear))
 
     def forward(self, x: torch.Tensor | Activations, ctx: ForwardContext) -> torch.Tensor:
         xin = Activations.of(x)  # the four projections' one input, quantised once on FP8 weights
