@@ -1,9 +1,11 @@
-"""RMS norms that write their output's FP8 codes in their own pass (kernels/rms_norm.py, quantise=True)
-against the unfused path, bit for bit: y against the same norm without codes, the codes and scales
-against quantize_activations of that y per token (padded for cuBLAS as Activations.fp8 pads them).
-No tolerance: the fused pass quantises the stored y by the quantiser's own rule, so any difference
-is a bug. Then an FP8 model at the 122B's widths: the norms before FP8 projections carry codes, the
-quantiser runs that many times fewer a step, and the logits are unchanged."""
+"""RMS norms that write their output's FP8 codes in their own pass (kernels/rms_norm.py, quantise=True).
+The codes and scales must be quantize_activations' of the y returned with them, bit for bit (padded
+for cuBLAS as Activations.fp8 pads them): the pass quantises the stored y by the quantiser's own rule.
+y itself must be the norm without codes to one ulp: with codes to store, Triton lays the tile out
+for 16-byte FP8 stores, which can change the order of a row's sum of squares (seen on an H100), so
+y may move by an ulp where a rounding flips. Then an FP8 model at the 122B's widths: the norms before
+FP8 projections carry codes, the quantiser runs that many times fewer a step, and the logits agree
+with the unfused path's."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,7 @@ import json
 import pytest
 import torch
 
-from kernel_checks import DEVICE
+from kernel_checks import DEVICE, TOL, assert_close
 
 pytest.importorskip("triton")
 
@@ -35,14 +37,16 @@ def _rows(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 def _assert_codes_match(acts: Activations, y: torch.Tensor) -> None:
-    """acts holds y [T, ...] (the norm without codes) as [T, features], and the quantiser's codes of
-    it, bit for bit."""
+    """acts holds y [T, ...] (the norm without codes) as [T, features] to one ulp, and the quantiser's
+    codes of its own y, bit for bit."""
     t = y.shape[0]
     flat = y.reshape(t, -1)
     q, s = acts.fp8()
-    assert acts.x.shape == flat.shape
-    assert torch.equal(acts.x, flat), "y differs from the norm's without codes (the row sums' order?)"
-    ref_q, ref_s = quantize_activations(flat, ROWS_MULTIPLE)
+    assert acts.x.shape == flat.shape and acts.x.dtype == flat.dtype
+    ulp = torch.ldexp(torch.full_like(flat, torch.finfo(flat.dtype).eps, dtype=torch.float32),
+                      torch.frexp(flat.float())[1] - 1)
+    assert ((acts.x.float() - flat.float()).abs() <= ulp).all(), "y is more than an ulp from the norm's without codes"
+    ref_q, ref_s = quantize_activations(acts.x, ROWS_MULTIPLE)
     assert q.shape == ref_q.shape and s.shape == ref_s.shape and s.stride() == ref_s.stride()
     assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8))
     assert torch.equal(s[:t], ref_s[:t])
@@ -140,4 +144,5 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) 
         n.fp8_output = False
     unfused_logits = prefill()
     assert len(calls) - 2 * fused_calls == len(norms)
-    assert torch.equal(fused, unfused_logits)
+    # Where a norm's y moved by an ulp (see above) an FP8 code may round the other way: bf16 tolerance.
+    assert_close(fused, unfused_logits, TOL[torch.bfloat16], "logits with the norms' codes")
