@@ -16,8 +16,10 @@ class AttentionBackend(Protocol):
     cuda_graph_safe: bool
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Store the step's new k, v [T, Hkv, D] in `kv` at batch.cache_loc, then causal attention of
-        q [T, Hq, D] over each request's cached prefix and new tokens -> [T, Hq, D] in q's dtype."""
+        q [T, Hq, D] over each request's cached prefix and new tokens -> [T, Hq, D] in q's dtype,
+        written into `out` when given (a piecewise graph's static buffer) and returned."""
         ...

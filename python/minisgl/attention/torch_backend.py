@@ -11,11 +11,13 @@ class TorchAttentionBackend:
     cuda_graph_safe = False  # walks the requests' lengths on the host
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """q [T, Hq, D], k, v [T, Hkv, D] -> [T, Hq, D]; the new k, v are stored in kv first."""
+        """q [T, Hq, D], k, v [T, Hkv, D] -> [T, Hq, D] (into `out` when given); the new k, v are stored
+        in kv first."""
         kv.store(batch.cache_loc, k, v)
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         group = q.shape[1] // k.shape[1]
         start = 0
         for i, (prefix, n) in enumerate(zip(batch.prefix_lens, batch.extend_lens)):

@@ -13,18 +13,20 @@ class TritonAttentionBackend:
     cuda_graph_safe = True  # decode reads only device tensors (seq_lens, table rows)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: PagedKV, batch: ForwardBatch, scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         # New K/V go into the cache first: the kernels read every key, cached or new, from there.
         kv.store(batch.cache_loc, k, v)
         if batch.is_decode:
             return paged_decode(
-                q, kv.k_cache, kv.v_cache, kv.page_table, batch.table_rows, batch.seq_lens, kv.page_size, scale
+                q, kv.k_cache, kv.v_cache, kv.page_table, batch.table_rows, batch.seq_lens, kv.page_size, scale,
+                out=out,
             )
         # A mixed step's leading decodes take the split-KV decode kernel; the extend kernel's grid
         # covers only the prefill requests (its blocks are sized by the longest of them).
         d, part = batch.leading_decodes, batch.prefill_requests
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         if d:
             paged_decode(q[:d], kv.k_cache, kv.v_cache, kv.page_table, batch.table_rows[:d], batch.seq_lens[:d],
                          kv.page_size, scale, out=out[:d])

@@ -14,8 +14,8 @@ token 0 at position 0, and rows past n of a core's output keep what an earlier s
 never reach a real one. The cores see rows [:n] only.
 
 Static buffers: a core's inputs are copied, inside the graph before it, into buffers shared by
-every core of the same signature, and its output, eagerly after it, into another; nothing else
-crosses from a graph to the next. (Keeping each layer's own projections alive instead would hold
+every core of the same signature, and a replayed core writes its output into another (its `out`);
+nothing else crosses from a graph to the next. (Keeping each layer's own projections alive instead would hold
 ~5 GiB at 4K tokens.) All graphs share one memory pool: they run one after another, and graphs of
 different buckets never interleave.
 
@@ -84,7 +84,8 @@ class CoreCall:
     output: torch.Tensor
 
     def run(self, ctx: ForwardContext, n: int) -> None:
-        self.output[:n].copy_(self.fn(ctx, *(t[:n] for t in self.inputs)))
+        # The core writes its rows into the static output itself: no copy after it.
+        self.fn(ctx, *(t[:n] for t in self.inputs), out=self.output[:n])
 
 
 @dataclass

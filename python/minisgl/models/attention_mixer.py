@@ -76,10 +76,11 @@ class Attention(nn.Module):
             o = _output_gate(o, gate)
         return all_reduce(self.o_proj(o.reshape(t, self.num_heads * d)), self.parallel)
 
-    def _attend(self, ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write the new K/V into the pages and attend over each request's cached ones."""
+    def _attend(self, ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """Write the new K/V into the pages and attend over each request's cached ones (into `out`)."""
         kv = PagedKV(*ctx.pool.kv.layer(self.layer_id), ctx.pool.page_table, ctx.pool.page_size)
-        return self.backend.forward(q, k, v, kv, ctx.batch, self.head_dim**-0.5)
+        return self.backend.forward(q, k, v, kv, ctx.batch, self.head_dim**-0.5, out=out)
 
 
 def _output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

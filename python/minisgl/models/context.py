@@ -28,7 +28,8 @@ class Backends:
 
 
 class CoreRunner(Protocol):
-    """Runs a mixer's core: `fn(ctx, *tensors)`, whose inputs and output have one row per token."""
+    """Runs a mixer's core: `fn(ctx, *tensors, out=None)`, whose inputs and output have one row per
+    token; given `out` (a runner's buffer of the output's shape), the core writes its output there."""
 
     def __call__(self, fn: Callable[..., torch.Tensor], ctx: "ForwardContext", *tensors: torch.Tensor) -> torch.Tensor:
         ...

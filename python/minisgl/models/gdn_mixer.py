@@ -92,15 +92,17 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.reshape(t, self.num_v_heads, self.v_dim), z)  # [T, HV * V], with out_proj's codes on FP8
         return all_reduce(self.out_proj(o), self.parallel)
 
-    def _mix(self, ctx: ForwardContext, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """The causal conv and the gated delta rule over each request's state slot: [T, HV, V]."""
+    def _mix(self, ctx: ForwardContext, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        """The causal conv and the gated delta rule over each request's state slot: [T, HV, V] (into
+        `out` when given)."""
         batch, t = ctx.batch, mixed_qkv.shape[0]
         conv_state, ssm_state = ctx.pool.state.layer(self.layer_id)
         q, k, v = self._conv(mixed_qkv, self.conv1d.weight[:, 0, :], conv_state, batch).parts()
         q = q.view(t, self.num_k_heads, self.k_dim)
         k = k.view(t, self.num_k_heads, self.k_dim)
         v = v.view(t, self.num_v_heads, self.v_dim)
-        return self._delta(DeltaInputs(q, k, v, a, b, self.A_log, self.dt_bias), ssm_state, batch)
+        return self._delta(DeltaInputs(q, k, v, a, b, self.A_log, self.dt_bias), ssm_state, batch, out)
 
     def _conv(self, qkv: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch) -> PlanarOut:
         """The conv's output with q, k and v each contiguous (the delta rule's kernels read them as
@@ -120,19 +122,22 @@ class GatedDeltaNet(nn.Module):
                                          row_map=None if order is None else order.rows,
                                          qk_norm=(2 * kd, self.k_dim) if self.backend.prefill_conv_normalises_qk else None)
 
-    def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """A mixed step's leading decodes update their states in place (decode kernel); only the
         prefill requests go through the chunked rule, which copies each request's whole state in
         and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before). The
         prefill rows' q and k come L2-normalised from the conv where the backend asks (_conv)."""
         if batch.is_decode:
-            return self.backend.delta_decode(inp, ssm_state, batch.slots)
+            decode = self.backend.delta_decode(inp, ssm_state, batch.slots)
+            return decode if out is None else out.copy_(decode)
         d, part = batch.leading_decodes, batch.prefill_requests
         prefill = replace(inp.rows(d), qk_normed=self.backend.prefill_conv_normalises_qk)
         if not d:
-            return self._delta_prefill(prefill, ssm_state, part)
+            return self._delta_prefill(prefill, ssm_state, part, out)
         decode = self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d])
-        out = decode.new_empty((batch.num_tokens, *decode.shape[1:]))
+        if out is None:
+            out = decode.new_empty((batch.num_tokens, *decode.shape[1:]))
         out[:d] = decode
         self._delta_prefill(prefill, ssm_state, part, out[d:])
         return out
