@@ -21,7 +21,7 @@ from minisgl.kernels import fp8_quant  # noqa: E402
 from minisgl.kernels.activations import Activations  # noqa: E402
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE  # noqa: E402
 from minisgl.kernels.fp8_quant import quantize_activations  # noqa: E402
-from minisgl.kernels.rms_norm import add_rms_norm, gated_rms_norm, rms_norm  # noqa: E402
+from minisgl.kernels.rms_norm import add_rms_norm, gated_rms_norm, gated_rms_norm_runs, rms_norm  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -86,6 +86,33 @@ def test_gated_rms_norm_codes(t: int, heads: int, cols: int, dtype: torch.dtype)
     w = (torch.randn(cols, device=DEVICE) * 0.2 + 1.0).to(dtype)
     acts = gated_rms_norm(x, z, w, EPS, quantise=True)
     _assert_codes_match(acts, gated_rms_norm(x, z, w, EPS))
+
+
+@pytest.mark.parametrize("quantise", [True, False])
+def test_gated_norm_over_runs_equals_one_launch(quantise: bool) -> None:
+    """x given as runs of its rows in other buffers (a GDN step's calls, layers/row_pieces.py), listed
+    out of order: y and its codes bit for bit one launch's over the assembled x."""
+    torch.manual_seed(5)
+    t, heads, cols = 700, 64, 128
+    x, z = _rows((t, heads, cols), torch.bfloat16), _rows((t, heads, cols), torch.bfloat16)
+    w = (torch.randn(cols, device=DEVICE) * 0.2 + 1.0).to(torch.bfloat16)
+    cuts = [(300, 700), (0, 37), (37, 300)]
+    runs = [(x[a:b].clone(), a) for a, b in cuts]  # each run in a buffer of its own
+    got = gated_rms_norm_runs(runs, z, w, EPS, quantise=quantise)
+    ref = gated_rms_norm(x, z, w, EPS, quantise=quantise)
+    if not quantise:
+        assert torch.equal(got, ref)
+        return
+    assert torch.equal(got.x, ref.x)
+    (q, s), (ref_q, ref_s) = got.fp8(), ref.fp8()
+    assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8)) and torch.equal(s[:t], ref_s[:t])
+
+
+def test_runs_that_do_not_fit_are_refused() -> None:
+    z = torch.randn(10, 2, 128, device=DEVICE)
+    w = torch.ones(128, device=DEVICE)
+    with pytest.raises(ValueError, match="does not fit"):
+        gated_rms_norm_runs([(torch.randn(4, 2, 128, device=DEVICE), 0), (torch.randn(8, 2, 128, device=DEVICE), 4)], z, w, EPS)
 
 
 def test_no_rows() -> None:

@@ -32,6 +32,7 @@ import torch
 
 from minisgl.forward_batch import ForwardBatch
 from minisgl.kvcache.hybrid_pool import HybridPool
+from minisgl.layers.row_pieces import assembled
 from minisgl.models.context import ForwardContext
 from minisgl.models.qwen3_5_moe import Qwen3_5MoeForCausalLM
 
@@ -130,7 +131,7 @@ class _Capture:
         self.rotary = (ctx.cos, ctx.sin)
         inputs = tuple(self.buffers.get("in", i, t)[: self.rows].copy_(t) for i, t in enumerate(tensors))
         self.end()
-        out = fn(ctx, *inputs)
+        out = assembled(fn(ctx, *inputs))
         static = self.buffers.get("out", 0, out)[: self.rows]
         static.copy_(out)
         self.cores.append(CoreCall(fn, inputs, static))

@@ -21,6 +21,7 @@ and C must be a multiple of 128, so that each group is 128 of one row's columns.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -104,7 +105,10 @@ def _launch(
     h_out: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     quantise: bool = False,
+    codes: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor | Activations:
+    """codes: with quantise, the codes' rows and the scales' columns [groups, rows] to write (a run of
+    a larger output's rows: gated_rms_norm_runs); then y is returned, not Activations."""
     cols = x.shape[-1]
     if weight.shape != (cols,):
         raise ValueError(f"weight {tuple(weight.shape)} does not match rows of width {cols}")
@@ -117,7 +121,7 @@ def _launch(
     rows = x2.shape[0]
     features = math.prod(x.shape[1:]) if quantise else cols  # a token's, flattened
     tokens = x.shape[0] if quantise else rows
-    q, s = quantised_outputs(tokens, features, ROWS_MULTIPLE, x.device) if quantise else (x2, x2)
+    q, s = codes or (quantised_outputs(tokens, features, ROWS_MULTIPLE, x.device) if quantise else (x2, x2))
     if rows:
         h2 = delta2 = z2 = x2  # stand-ins for the pointers the variant does not read
         if delta is not None:
@@ -136,7 +140,7 @@ def _launch(
             PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, GROUPS=block_c // group, GROUP=group,
             FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 else 4,
         )
-    if not quantise:
+    if not quantise or codes is not None:
         return out
     return Activations.quantised(out.view(tokens, features), q, s.t())
 
@@ -175,3 +179,26 @@ def gated_rms_norm(
     if z.shape != x.shape:
         raise ValueError(f"gate {tuple(z.shape)} must match x {tuple(x.shape)}")
     return _launch(False, x, weight, eps, out, z=z, quantise=quantise)
+
+
+def gated_rms_norm_runs(
+    runs: Sequence[tuple[torch.Tensor, int]], z: torch.Tensor, weight: torch.Tensor, eps: float,
+    quantise: bool = False,
+) -> torch.Tensor | Activations:
+    """gated_rms_norm of an x [T, ...] given as runs of its rows (layers/row_pieces.py: (rows, first
+    row)), each read where it lies: a launch a run, y (and its codes) written in place in one output,
+    bit for bit one launch's over the assembled x (each row's arithmetic is its own)."""
+    if len(runs) == 1 and runs[0][1] == 0:
+        return gated_rms_norm(runs[0][0], z, weight, eps, quantise=quantise)
+    y = torch.empty(z.shape, dtype=runs[0][0].dtype, device=z.device)
+    tokens, features = z.shape[0], math.prod(z.shape[1:])
+    if quantise and not rows_split_into_groups(z.shape):
+        raise ValueError(f"quantise: rows of {tuple(z.shape)} do not split into tokens' {GROUP}-groups")
+    q, s = quantised_outputs(tokens, features, ROWS_MULTIPLE, z.device) if quantise else (None, None)
+    for rows, start in runs:
+        end = start + rows.shape[0]
+        if rows.shape[1:] != z.shape[1:] or rows.dtype != y.dtype or end > tokens:
+            raise ValueError(f"run {rows.dtype}{tuple(rows.shape)} at row {start} does not fit the gate {tuple(z.shape)}")
+        _launch(False, rows, weight, eps, y[start:end], z=z[start:end], quantise=quantise,
+                codes=None if q is None else (q[start:end], s[:, start:end]))
+    return Activations.quantised(y.view(tokens, features), q, s.t()) if quantise else y

@@ -15,6 +15,7 @@ from torch import nn
 
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.fp8_format import rows_split_into_groups
+from minisgl.layers.row_pieces import RowPieces, assembled
 
 
 def _normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,10 +81,12 @@ class GatedRMSNorm(nn.Module):
         """As RMSNorm.feed_fp8: heads of fewer than 128 features keep the quantiser's pass."""
         self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor | Activations:
-        if x.is_cuda:
-            from minisgl.kernels.rms_norm import gated_rms_norm
+    def forward(self, x: torch.Tensor | RowPieces, gate: torch.Tensor) -> torch.Tensor | Activations:
+        """x [T, heads, dim], or its rows in pieces (read in place on CUDA); gate [T, heads, dim]."""
+        if gate.is_cuda:
+            from minisgl.kernels.rms_norm import gated_rms_norm_runs
 
-            y = gated_rms_norm(x, gate, self.weight, self.eps, quantise=self.fp8_output)
-            return y if isinstance(y, Activations) else y.view(x.shape[0], -1)
-        return gated_rms_norm_torch(x, gate, self.weight, self.eps).reshape(x.shape[0], -1)
+            runs = x.runs if isinstance(x, RowPieces) else ((x, 0),)
+            y = gated_rms_norm_runs(runs, gate, self.weight, self.eps, quantise=self.fp8_output)
+            return y if isinstance(y, Activations) else y.view(gate.shape[0], -1)
+        return gated_rms_norm_torch(assembled(x), gate, self.weight, self.eps).reshape(gate.shape[0], -1)

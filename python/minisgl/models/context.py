@@ -11,6 +11,7 @@ from minisgl.attention.backend import AttentionBackend
 from minisgl.forward_batch import ForwardBatch
 from minisgl.gdn.backend import GDNBackend
 from minisgl.kvcache.hybrid_pool import HybridPool
+from minisgl.layers.row_pieces import RowPieces
 from minisgl.moe.backend import ExpertsBackend
 
 
@@ -29,7 +30,8 @@ class Backends:
 
 class CoreRunner(Protocol):
     """Runs a mixer's core: `fn(ctx, *tensors, out=None)`, whose inputs and output have one row per
-    token; given `out` (a runner's buffer of the output's shape), the core writes its output there."""
+    token; given `out` (a runner's buffer of the output's shape), the core writes its output there,
+    else it may return its rows as RowPieces (layers/row_pieces.py) for its mixer to read."""
 
     def __call__(self, fn: Callable[..., torch.Tensor], ctx: "ForwardContext", *tensors: torch.Tensor) -> torch.Tensor:
         ...
@@ -48,7 +50,7 @@ class ForwardContext:
     sin: torch.Tensor
     cores: CoreRunner = run_core
 
-    def mixer_core(self, fn: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
+    def mixer_core(self, fn: Callable[..., torch.Tensor | RowPieces], *tensors: torch.Tensor) -> torch.Tensor | RowPieces:
         """The part of a token mixer that reads the batch's per-request metadata or the pool
         (attention over the pages, the conv and the delta rule over the state slots): fn(self,
         *tensors). Everything else in a step depends on the token count alone, which is what lets

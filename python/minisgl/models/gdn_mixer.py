@@ -21,6 +21,7 @@ from minisgl.kernels.planar_out import PlanarOut
 from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import GatedRMSNorm
+from minisgl.layers.row_pieces import RowPieces
 from minisgl.layers.row_stack import RowStack, layer_outputs, row_stack_fits
 from minisgl.models.config import ModelConfig
 from minisgl.models.context import ForwardContext
@@ -89,13 +90,13 @@ class GatedDeltaNet(nn.Module):
         # xin (x and its codes) outlives the core: with piecewise graphs, graph-pool memory that no
         # core touches and that the next graph reads, as x alone did before.
         z = self.in_proj_z(xin).reshape(t, self.num_v_heads, self.v_dim)
-        o = self.norm(o.reshape(t, self.num_v_heads, self.v_dim), z)  # [T, HV * V], with out_proj's codes on FP8
+        o = self.norm(o, z)  # [T, HV * V] (o: [T, HV, V] or its RowPieces), with out_proj's codes on FP8
         return all_reduce(self.out_proj(o), self.parallel)
 
     def _mix(self, ctx: ForwardContext, mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None) -> torch.Tensor | RowPieces:
         """The causal conv and the gated delta rule over each request's state slot: [T, HV, V] (into
-        `out` when given)."""
+        `out` when given; else perhaps as RowPieces)."""
         batch, t = ctx.batch, mixed_qkv.shape[0]
         conv_state, ssm_state = ctx.pool.state.layer(self.layer_id)
         q, k, v = self._conv(mixed_qkv, self.conv1d.weight[:, 0, :], conv_state, batch).parts()
@@ -123,44 +124,40 @@ class GatedDeltaNet(nn.Module):
                                          qk_norm=(2 * kd, self.k_dim) if self.backend.prefill_conv_normalises_qk else None)
 
     def _delta(self, inp: DeltaInputs, ssm_state: torch.Tensor, batch: ForwardBatch,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None) -> torch.Tensor | RowPieces:
         """A mixed step's leading decodes update their states in place (decode kernel); only the
         prefill requests go through the chunked rule, which copies each request's whole state in
         and out (4 MiB a request at 122B shapes: the cost of a mixed step, measured, before). The
-        prefill rows' q and k come L2-normalised from the conv where the backend asks (_conv)."""
+        prefill rows' q and k come L2-normalised from the conv where the backend asks (_conv).
+        Rows from several kernels' buffers come as RowPieces, which the output norm reads in place,
+        unless `out` is given."""
         if batch.is_decode:
-            decode = self.backend.delta_decode(inp, ssm_state, batch.slots)
-            return decode if out is None else out.copy_(decode)
-        d, part = batch.leading_decodes, batch.prefill_requests
-        prefill = replace(inp.rows(d), qk_normed=self.backend.prefill_conv_normalises_qk)
-        if not d:
-            return self._delta_prefill(prefill, ssm_state, part, out)
-        decode = self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d])
-        if out is None:
-            out = decode.new_empty((batch.num_tokens, *decode.shape[1:]))
-        out[:d] = decode
-        self._delta_prefill(prefill, ssm_state, part, out[d:])
-        return out
+            runs = [(self.backend.delta_decode(inp, ssm_state, batch.slots), 0)]
+        else:
+            d, part = batch.leading_decodes, batch.prefill_requests
+            prefill = replace(inp.rows(d), qk_normed=self.backend.prefill_conv_normalises_qk)
+            runs = [(self.backend.delta_decode(inp.rows(0, d), ssm_state, batch.slots[:d]), 0)] if d else []
+            runs += [(rows, d + start) for rows, start in self._delta_prefill(prefill, ssm_state, part)]
+        if out is not None:
+            return RowPieces(tuple(runs), batch.num_tokens).assemble(out)
+        return runs[0][0] if len(runs) == 1 else RowPieces(tuple(runs), batch.num_tokens)
 
-    def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor, part: ForwardBatch,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
-        """The chunked rule over the prefill requests, a call at a time (prefill_groups.py), into `out`
-        when given (a mixed step's rows after its decodes): the calls' outputs are copied once, where
-        a concatenation after their assembly copied them twice. q, k and v come in the calls' order
-        (the conv wrote them so); the gates are gathered into it. States move as the calls' flows say
+    def _delta_prefill(self, inp: DeltaInputs, ssm_state: torch.Tensor,
+                       part: ForwardBatch) -> list[tuple[torch.Tensor, int]]:
+        """The chunked rule over the prefill requests, a call at a time (prefill_groups.py): the
+        output as runs of rows (each call's buffer, split where the step's order leaves it), each with
+        its first row among the prefill rows. q, k and v come in the calls' order (the conv wrote them
+        so); the gates are gathered into it. States move as the calls' flows say
         (gdn/prefill_states.py)."""
         flows = part.state_flows
         if not part.groups:
             o, _ = delta_prefill(self.backend, inp, part.cu_seqlens, ssm_state, part.slots, part.extend_lens, flows[0])
-            return o if out is None else out.copy_(o)
+            return [(o, 0)]
         if part.call_order is not None:
             inp = inp.gates_from(part.call_order.sources)
-        handed = None
+        handed, runs = None, []
         for g, flow in zip(part.groups, flows):
             o, handed = delta_prefill(self.backend, inp.rows(g.start, g.end), g.cu_seqlens, ssm_state, g.slots,
                                       g.extend_lens, flow, handed)
-            if out is None:
-                out = o.new_empty((part.num_tokens, *o.shape[1:]))
-            for step_row, call_row, n in g.segments:
-                out[step_row : step_row + n] = o[call_row : call_row + n]
-        return out
+            runs += [(o[call_row : call_row + n], step_row) for step_row, call_row, n in g.segments]
+        return runs
