@@ -3,9 +3,9 @@ The codes and scales must be quantize_activations' of the y returned with them, 
 for cuBLAS as Activations.fp8 pads them): the pass quantises the stored y by the quantiser's own rule.
 y itself must be the norm without codes to an ulp a bf16 rounding of its chain (1e-5 relative in
 fp32): with codes to store, Triton lays the tile out for 16-byte FP8 stores, which can change the
-order of a row's sum of squares (seen on an H100), so y may move where a rounding flips. Then an FP8 model at the 122B's widths: the norms before
-FP8 projections carry codes, the quantiser runs that many times fewer a step, and the logits agree
-with the unfused path's."""
+order of a row's sum of squares (seen on an H100), so y may move where a rounding flips. Then an FP8
+model at the 122B's widths: the norms before FP8 projections carry codes, the quantiser runs that
+many times fewer a step, and the logits are those of the same norms with their codes dropped."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from kernel_checks import DEVICE, TOL, assert_close
+from kernel_checks import DEVICE
 
 pytest.importorskip("triton")
 
@@ -137,10 +137,13 @@ def test_rows_without_whole_groups_are_refused(shape: tuple[int, ...]) -> None:
 def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """4 layers at the 122B's widths (3 GDN, 1 attention), FP8, eager: every input and post-mixer
     norm and every GDN output norm writes codes, which saves 2 quantiser passes a layer and 1 a GDN
-    layer, and the logits equal those with every norm's codes left to the quantiser."""
+    layer; with the same norms' codes dropped (their readers quantise the same y themselves) the
+    logits are bit for bit the same. Against norms without codes the logits could move: y may differ
+    by an ulp (above), and on random weights a router near a tie picks another expert for it."""
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
     from minisgl.engine.plan import resolve_plan
+    from minisgl.kernels import rms_norm as norm_kernels
     from minisgl.models.known_configs import hf_config
 
     raw = hf_config("Qwen3.5-122B-A10B", fp8=True)
@@ -173,9 +176,17 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) 
 
     fused = prefill()
     fused_calls = len(calls)
-    for n in norms:
-        n.fp8_output = False
-    unfused_logits = prefill()
+
+    def dropping_codes(kernel):  # the norm as it is, its codes dropped: the readers quantise its y
+        def call(*args, **kwargs):
+            out = kernel(*args, **kwargs)
+            h, y = out if isinstance(out, tuple) else (None, out)
+            y = Activations(y.x) if isinstance(y, Activations) else y
+            return y if h is None else (h, y)
+        return call
+
+    for name in ("rms_norm", "add_rms_norm", "gated_rms_norm_runs"):
+        monkeypatch.setattr(norm_kernels, name, dropping_codes(getattr(norm_kernels, name)))
+    dropped = prefill()
     assert len(calls) - 2 * fused_calls == len(norms)
-    # Where a norm's y moved by an ulp (see above) an FP8 code may round the other way: bf16 tolerance.
-    assert_close(fused, unfused_logits, TOL[torch.bfloat16], "logits with the norms' codes")
+    assert torch.equal(fused, dropped), "the norms' codes are not those their readers would make of y"
