@@ -34,6 +34,8 @@ from minisgl.kernels.fp8_quant import GROUP, quantised_outputs, quantize_tile
 from minisgl.kernels.tl_dtypes import TL_DTYPE
 
 # A program covers about this many elements: one row at hidden 4096, sixteen per-head rows of 128.
+# With codes, 8 warps even for 2,048: GDN's output norm (16 rows of 128) took 320 instead of 354 us
+# at 16K tokens on an H100 (docs/benchmarks.md, twenty-ninth session); without them no difference.
 _TILE = 2048
 
 
@@ -138,7 +140,7 @@ def _launch(
             rows, cols, features // cols, eps,
             ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None, QUANT=quantise,
             PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, GROUPS=block_c // group, GROUP=group,
-            FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 else 4,
+            FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 or quantise else 4,
         )
     if not quantise or codes is not None:
         return out
