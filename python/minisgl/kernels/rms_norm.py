@@ -108,9 +108,11 @@ def _launch(
     z: torch.Tensor | None = None,
     quantise: bool = False,
     codes: tuple[torch.Tensor, torch.Tensor] | None = None,
+    tile: tuple[int, int] | None = None,
 ) -> torch.Tensor | Activations:
     """codes: with quantise, the codes' rows and the scales' columns [groups, rows] to write (a run of
-    a larger output's rows: gated_rms_norm_runs); then y is returned, not Activations."""
+    a larger output's rows: gated_rms_norm_runs); then y is returned, not Activations. tile: (rows a
+    program, warps) instead of the launcher's (benchmarks/bench_norm_codes.py)."""
     cols = x.shape[-1]
     if weight.shape != (cols,):
         raise ValueError(f"weight {tuple(weight.shape)} does not match rows of width {cols}")
@@ -133,6 +135,8 @@ def _launch(
         y2 = out.view(-1, cols)
         block_c = triton.next_power_of_2(cols)
         block_r = max(1, _TILE // block_c)
+        warps = 8 if block_r * block_c >= 4096 or quantise else 4
+        block_r, warps = tile or (block_r, warps)
         group = min(block_c, GROUP)
         _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
             x2, delta2, h2, z2, weight, y2, q, s,
@@ -140,7 +144,7 @@ def _launch(
             rows, cols, features // cols, eps,
             ONE_PLUS_W=zero_centered, GATED=z is not None, HAS_DELTA=delta is not None, QUANT=quantise,
             PRODUCT_DTYPE=TL_DTYPE[product_dtype], BLOCK_R=block_r, GROUPS=block_c // group, GROUP=group,
-            FP8_MAX=FP8_MAX, num_warps=8 if block_r * block_c >= 4096 or quantise else 4,
+            FP8_MAX=FP8_MAX, num_warps=warps,
         )
     if not quantise or codes is not None:
         return out
@@ -149,10 +153,10 @@ def _launch(
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool, out: torch.Tensor | None = None,
-    quantise: bool = False,
+    quantise: bool = False, tile: tuple[int, int] | None = None,
 ) -> torch.Tensor | Activations:
     """RMSNorm over the last dim of x [..., C] with weight [C] (with its codes: Activations)."""
-    return _launch(zero_centered, x, weight, eps, out, quantise=quantise)
+    return _launch(zero_centered, x, weight, eps, out, quantise=quantise, tile=tile)
 
 
 def add_rms_norm(
@@ -164,23 +168,24 @@ def add_rms_norm(
     h_out: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     quantise: bool = False,
+    tile: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | Activations]:
     """(h, norm(h)) for the residual sum h = x + delta, in one pass over the rows."""
     if delta.shape != x.shape or delta.dtype != x.dtype:
         raise ValueError(f"delta {delta.dtype}{tuple(delta.shape)} must match x {x.dtype}{tuple(x.shape)}")
     h_out = _output(h_out, x, x.dtype)
-    y = _launch(zero_centered, x, weight, eps, out, delta=delta, h_out=h_out, quantise=quantise)
+    y = _launch(zero_centered, x, weight, eps, out, delta=delta, h_out=h_out, quantise=quantise, tile=tile)
     return h_out, y
 
 
 def gated_rms_norm(
     x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None,
-    quantise: bool = False,
+    quantise: bool = False, tile: tuple[int, int] | None = None,
 ) -> torch.Tensor | Activations:
     """GDN's output norm: w · norm(x) · silu(z), rows of x and z [..., C] paired."""
     if z.shape != x.shape:
         raise ValueError(f"gate {tuple(z.shape)} must match x {tuple(x.shape)}")
-    return _launch(False, x, weight, eps, out, z=z, quantise=quantise)
+    return _launch(False, x, weight, eps, out, z=z, quantise=quantise, tile=tile)
 
 
 def gated_rms_norm_runs(
