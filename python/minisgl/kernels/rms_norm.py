@@ -50,8 +50,9 @@ def _rms_norm_kernel(
     FP8_MAX: tl.constexpr,
 ):
     # A [BLOCK_R, GROUPS, GROUP] tile: column g * GROUP + j of each row. With codes, each [.., g, :] is
-    # one 128-group of a token, whose amax is a reduction along the last axis in the tile's own layout;
-    # with or without them the row's sum of squares runs in the same order, so y is the same.
+    # one 128-group of a token, whose amax reduces the last axis in the tile's own layout (no reshape).
+    # The FP8 stores may still make Triton lay the tile out otherwise, which can reorder a row's sum
+    # of squares: y with codes may differ from y without them by an ulp (tests/gpu/test_norm_quant.py).
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None, None]
     g = tl.arange(0, GROUPS)[None, :, None]
     c = g * GROUP + tl.arange(0, GROUP)[None, None, :]
