@@ -50,8 +50,8 @@ class RemoteMoE(MoEBlock):
         self.step = step
 
     def dispatch(self, x: torch.Tensor | Activations, mb: int) -> InFlight:
-        """Sends x's rows (the expert workers quantise what they receive) and runs the shared expert,
-        which reads x's codes where the norm before the block wrote them."""
+        """Sends x's rows (the tensor: its codes stay here) and runs the shared expert, which reads
+        x's codes where the norm before the block wrote them."""
         rows, pending = tensor(x), None
         if self.transport is not None:
             weights, ids = self.route(x)

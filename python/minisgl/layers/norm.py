@@ -46,9 +46,8 @@ class RMSNorm(nn.Module):
         self.fp8_output = False
 
     def feed_fp8(self, readers_fp8: bool) -> None:
-        """Called by the owner once the dtypes are final: whether every reader of the output that
-        quantises it is an FP8 projection. Rows of a width that is not a multiple of 128 keep the
-        quantiser's pass."""
+        """Called by the owner once the dtypes are final: whether a reader of the output quantises it
+        (an FP8 projection). Rows of a width that is not a multiple of 128 keep the quantiser's pass."""
         self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | Activations:
@@ -78,7 +77,7 @@ class GatedRMSNorm(nn.Module):
         self.fp8_output = False
 
     def feed_fp8(self, readers_fp8: bool) -> None:
-        """As RMSNorm.feed_fp8: heads of fewer than 128 features keep the quantiser's pass."""
+        """As RMSNorm.feed_fp8: heads of a width that is not a multiple of 128 keep the quantiser's pass."""
         self.fp8_output = readers_fp8 and rows_split_into_groups((1, self.weight.shape[0]))
 
     def forward(self, x: torch.Tensor | RowPieces, gate: torch.Tensor) -> torch.Tensor | Activations:
