@@ -17,7 +17,6 @@ from kernel_checks import DEVICE
 
 pytest.importorskip("triton")
 
-from minisgl.kernels import fp8_quant  # noqa: E402
 from minisgl.kernels.activations import Activations  # noqa: E402
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE  # noqa: E402
 from minisgl.kernels.fp8_quant import quantize_activations  # noqa: E402
@@ -134,7 +133,7 @@ def test_rows_without_whole_groups_are_refused(shape: tuple[int, ...]) -> None:
         rms_norm(x, torch.ones(shape[-1], device=DEVICE), EPS, True, quantise=True)
 
 
-def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, quantiser_calls: list[int]) -> None:
     """4 layers at the 122B's widths (3 GDN, 1 attention), FP8, eager: every input and post-mixer
     norm and every GDN output norm writes codes, which saves 2 quantiser passes a layer and 1 a GDN
     layer; with the same norms' codes dropped (their readers quantise the same y themselves) the
@@ -155,14 +154,7 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch) 
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     norms += [layer.linear_attn.norm for layer in layers if not layer.is_full]
     assert len(norms) == 11 and all(n.fp8_output for n in norms)
-    calls: list[int] = []
-    unfused = fp8_quant.quantize_activations
-
-    def counted(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(x.shape[0])
-        return unfused(x, rows_multiple)
-
-    monkeypatch.setattr(fp8_quant, "quantize_activations", counted)
+    calls = quantiser_calls
     prompts = [torch.randint(0, 248320, (300 + 40 * i,)).tolist() for i in range(2)]
 
     def prefill() -> torch.Tensor:

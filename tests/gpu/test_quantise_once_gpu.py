@@ -37,20 +37,6 @@ H, E, TOP_K, I = 256, 4, 2, 192  # I = 192: a partial 128-group in h
 BACKENDS = ["split_k", "tiled"] + (["cublas"] if cublas_block_scaling(torch.device(DEVICE)) is None else [])
 
 
-@pytest.fixture
-def quantiser_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The quantiser, counting its calls (each call's row count)."""
-    calls: list[int] = []
-    real = fp8_quant.quantize_activations
-
-    def counted(x: torch.Tensor, rows_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        calls.append(x.shape[0])
-        return real(x, rows_multiple)
-
-    monkeypatch.setattr(fp8_quant, "quantize_activations", counted)
-    return calls
-
-
 def _unpadded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Quantise as each Triton GEMM did for itself: no padding."""
     monkeypatch.setattr(fp8_gemm_cublas, "ROWS_MULTIPLE", 1)
