@@ -200,8 +200,6 @@ def gated_rms_norm_runs(
         return gated_rms_norm(runs[0][0], z, weight, eps, quantise=quantise)
     y = torch.empty(z.shape, dtype=runs[0][0].dtype, device=z.device)
     tokens, features = z.shape[0], math.prod(z.shape[1:])
-    if quantise and not rows_split_into_groups(z.shape):
-        raise ValueError(f"quantise: rows of {tuple(z.shape)} do not split into tokens' {GROUP}-groups")
     q, s = quantised_outputs(tokens, features, ROWS_MULTIPLE, z.device) if quantise else (None, None)
     for rows, start in runs:
         end = start + rows.shape[0]
