@@ -1,5 +1,6 @@
 """Full attention's fused glue against the torch path it replaces: per-head q/k RMSNorm + partial RoPE
-(kernels/qk_norm_rope.py) and the sigmoid output gate (kernels/sigmoid_gate.py), tiny and 122B shapes."""
+(kernels/qk_norm_rope.py) and the sigmoid output gate (kernels/sigmoid_gate.py, with o_proj's FP8
+codes or without), tiny and 122B shapes."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,9 @@ from kernel_checks import DEVICE, poisoned
 
 pytest.importorskip("triton")  # CPU-only installs collect these files and skip them
 
+from minisgl.kernels.activations import Activations
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
+from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.kernels.qk_norm_rope import norm_rope
 from minisgl.kernels.sigmoid_gate import sigmoid_gate
 from minisgl.layers.norm import RMSNorm, rms_norm_torch
@@ -117,6 +121,30 @@ def test_sigmoid_gate(t: int, heads: int, d: int, dtype: torch.dtype) -> None:
             assert exact >= MIN_EXACT, f"only {exact:.3f} of the gated elements are bit-equal to torch's"
     excess = ((out.float() - ref.float()).abs() - allowed).max().item() if t else 0.0
     assert excess <= 0, f"an element is {excess:.2e} past the allowed error"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,heads,d", [(37, 32, 256), (6, 3, 128), (0, 32, 256)])
+def test_sigmoid_gate_codes(t: int, heads: int, d: int, dtype: torch.dtype) -> None:
+    """With quantise the gate returns its y bit for bit as without (each element's arithmetic is its
+    own), as [T, heads · d], with the quantiser's codes and scales of that y (o_proj's input)."""
+    o = torch.randn(t, heads, d, device=DEVICE).to(dtype)
+    if t > 2:
+        o[1] = 0.0  # a token of zeros: its groups' scale is 1
+    _, gate = q_and_gate(t, heads, d, True, dtype)
+    acts = sigmoid_gate(o, gate, quantise=True)
+    assert isinstance(acts, Activations) and acts.x.shape == (t, heads * d)
+    assert torch.equal(acts.x, sigmoid_gate(o, gate).flatten(1))
+    q, s = acts.fp8()
+    ref_q, ref_s = quantize_activations(acts.x, ROWS_MULTIPLE)
+    assert q.shape == ref_q.shape and s.shape == ref_s.shape and s.stride() == ref_s.stride()
+    assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8)) and torch.equal(s[:t], ref_s[:t])
+
+
+def test_sigmoid_gate_codes_need_whole_groups() -> None:
+    o = torch.randn(3, 4, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="128-groups"):
+        sigmoid_gate(o, o.clone(), quantise=True)
 
 
 def test_apply_normed_dispatches_to_the_kernel() -> None:

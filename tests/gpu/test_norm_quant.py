@@ -135,14 +135,15 @@ def test_rows_without_whole_groups_are_refused(shape: tuple[int, ...]) -> None:
 
 def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, quantiser_calls: list[int]) -> None:
     """4 layers at the 122B's widths (3 GDN, 1 attention), FP8, eager: every input and post-mixer
-    norm and every GDN output norm writes codes, which saves 2 quantiser passes a layer and 1 a GDN
-    layer; with the same norms' codes dropped (their readers quantise the same y themselves) the
-    logits are bit for bit the same. Against norms without codes the logits could move: y may differ
+    norm, every GDN output norm and the attention's output gate writes codes, which saves 2
+    quantiser passes a layer and 1 a mixer; with the same kernels' codes dropped (their readers
+    quantise the same y themselves) the logits are bit for bit the same. Against norms without codes the logits could move: y may differ
     by an ulp (above), and on random weights a router near a tie picks another expert for it."""
     from minisgl.engine.args import EngineArgs
     from minisgl.engine.engine import Engine
     from minisgl.engine.plan import resolve_plan
     from minisgl.kernels import rms_norm as norm_kernels
+    from minisgl.kernels import sigmoid_gate as gate_kernel
     from minisgl.models.known_configs import hf_config
 
     raw = hf_config("Qwen3.5-122B-A10B", fp8=True)
@@ -154,6 +155,8 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, 
     norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     norms += [layer.linear_attn.norm for layer in layers if not layer.is_full]
     assert len(norms) == 11 and all(n.fp8_output for n in norms)
+    gates = [layer.self_attn for layer in layers if layer.is_full]
+    assert len(gates) == 1 and all(a.gate_codes for a in gates)
     calls = quantiser_calls
     prompts = [torch.randint(0, 248320, (300 + 40 * i,)).tolist() for i in range(2)]
 
@@ -179,6 +182,7 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, 
 
     for name in ("rms_norm", "add_rms_norm", "gated_rms_norm_runs"):
         monkeypatch.setattr(norm_kernels, name, dropping_codes(getattr(norm_kernels, name)))
+    monkeypatch.setattr(gate_kernel, "sigmoid_gate", dropping_codes(gate_kernel.sigmoid_gate))
     dropped = prefill()
-    assert len(calls) - 2 * fused_calls == len(norms)
-    assert torch.equal(fused, dropped), "the norms' codes are not those their readers would make of y"
+    assert len(calls) - 2 * fused_calls == len(norms) + len(gates)
+    assert torch.equal(fused, dropped), "the kernels' codes are not those their readers would make of y"

@@ -61,6 +61,23 @@ def store_quantised(x, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, s
     tl.store(s_ptr + group.to(tl.int64) * stride_sg + rows, scale, mask=rows < M)
 
 
+@triton.jit
+def store_row_codes(y, q_ptr, s_ptr, r, g, c, mask, rows, cols, rows_per_token, stride_sg,
+                    BLOCK_R: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr, FP8_MAX: tl.constexpr):
+    """The codes and scales of a [BLOCK_R, GROUPS, GROUP] fp32 tile of rows r of width cols (column c
+    = g * GROUP + j), rows_per_token rows a token (a token's features are its rows flattened): codes
+    at row r's own offset, scales [groups, tokens]. Masked columns must be zeros: a group past the
+    row's end then has scale 1 and is not stored."""
+    codes, scale = quantize_tile(y, FP8_MAX)  # scale [BLOCK_R, GROUPS]
+    # Stored 8 codes a thread, as a bf16 tile's loads and stores hold them: at 16 (the widest FP8
+    # store) Triton kept the tile in both layouts and converted between them (11 barriers against 4
+    # for a 3,072-wide norm row, compiled for sm_90).
+    tl.store(q_ptr + tl.max_contiguous(r * cols + c, [1, 1, 8]), codes.to(q_ptr.dtype.element_ty), mask=mask)
+    r2, g2 = tl.reshape(r, (BLOCK_R, 1)), tl.reshape(g, (1, GROUPS))
+    group = (r2 % rows_per_token) * (cols // GROUP) + g2
+    tl.store(s_ptr + group * stride_sg + r2 // rows_per_token, scale, mask=(r2 < rows) & (g2 * GROUP < cols))
+
+
 @triton.jit(do_not_specialize=["M", "stride_sg"])
 def _quantize_groups_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sg,

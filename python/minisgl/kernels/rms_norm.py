@@ -30,7 +30,7 @@ import triton.language as tl
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.fp8_format import FP8_MAX, rows_split_into_groups
 from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
-from minisgl.kernels.fp8_quant import GROUP, quantised_outputs, quantize_tile
+from minisgl.kernels.fp8_quant import GROUP, quantised_outputs, store_row_codes
 from minisgl.kernels.tl_dtypes import TL_DTYPE
 
 # A program covers about this many elements: one row at hidden 4096, sixteen per-head rows of 128.
@@ -76,15 +76,8 @@ def _rms_norm_kernel(
     y = y.to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r * stride_y + c, y, mask=mask)
     if QUANT:
-        # Masked columns are zeros: a group past the row's end has scale 1 and is not stored.
-        codes, scale = quantize_tile(y.to(tl.float32), FP8_MAX)  # scale [BLOCK_R, GROUPS]
-        # Stored 8 codes a thread, as the bf16 tile's loads and stores hold them: at 16 (the widest FP8
-        # store) Triton kept the tile in both layouts and converted between them (11 barriers against 4
-        # for a 3,072-wide row, compiled for sm_90).
-        tl.store(q_ptr + tl.max_contiguous(r * cols + c, [1, 1, 8]), codes.to(q_ptr.dtype.element_ty), mask=mask)
-        r2, g2 = tl.reshape(r, (BLOCK_R, 1)), tl.reshape(g, (1, GROUPS))
-        group = (r2 % rows_per_token) * (cols // GROUP) + g2
-        tl.store(s_ptr + group * stride_sg + r2 // rows_per_token, scale, mask=(r2 < rows) & (g2 * GROUP < cols))
+        store_row_codes(y.to(tl.float32), q_ptr, s_ptr, r, g, c, mask, rows, cols, rows_per_token, stride_sg,
+                        BLOCK_R, GROUPS, GROUP, FP8_MAX)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from torch import nn
 from minisgl.attention.backend import AttentionBackend
 from minisgl.attention.paged_kv import PagedKV
 from minisgl.kernels.activations import Activations
+from minisgl.kernels.fp8_format import rows_split_into_groups
 from minisgl.layers.fp8_linear import Fp8Linear
 from minisgl.layers.linear import column_parallel, row_parallel
 from minisgl.layers.norm import RMSNorm
@@ -49,6 +50,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary = rotary
         self.backend = backend
+        self.gate_codes = False  # the output gate writes o_proj's FP8 codes (feed_fp8_norms)
 
     def stack_rows(self, device: torch.device) -> None:
         """Called by materialize once the layers' dtypes are final: q, k and v as one GEMM where their
@@ -61,6 +63,11 @@ class Attention(nn.Module):
         """Whether q, k and v quantise their input (layers/norm.py's fp8_output)."""
         return isinstance(self.q_proj, Fp8Linear)
 
+    def feed_fp8_norms(self) -> None:
+        """Called by materialize once the dtypes are final: as the norms do for their readers, the
+        output gate writes o_proj's codes where o_proj is FP8 and a head splits into 128-groups."""
+        self.gate_codes = self.gated and isinstance(self.o_proj, Fp8Linear) and rows_split_into_groups((1, self.head_dim))
+
     def forward(self, x: torch.Tensor | Activations, ctx: ForwardContext) -> torch.Tensor:
         xin = Activations.of(x)  # q, k and v's one input, quantised once on FP8 weights
         t, d = xin.x.shape[0], self.head_dim
@@ -72,9 +79,8 @@ class Attention(nn.Module):
         k = self.rotary.apply_normed(k.view(t, self.num_kv_heads, d), self.k_norm, ctx.cos, ctx.sin)
         v = v.view(t, self.num_kv_heads, d)
         o = ctx.mixer_core(self._attend, q, k, v)
-        if gate is not None:
-            o = _output_gate(o, gate)
-        return all_reduce(self.o_proj(o.reshape(t, self.num_heads * d)), self.parallel)
+        o = _output_gate(o, gate, self.gate_codes) if gate is not None else o.reshape(t, self.num_heads * d)
+        return all_reduce(self.o_proj(o), self.parallel)
 
     def _attend(self, ctx: ForwardContext, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,11 +89,13 @@ class Attention(nn.Module):
         return self.backend.forward(q, k, v, kv, ctx.batch, self.head_dim**-0.5, out=out)
 
 
-def _output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """o · sigmoid(gate) for both [T, heads, head_dim] -> [T, heads·head_dim]. On CUDA one launch that
-    reads the gate in place; the CPU path keeps its flat, copied gate (the reference's exact ops)."""
+def _output_gate(o: torch.Tensor, gate: torch.Tensor, codes: bool) -> torch.Tensor | Activations:
+    """o · sigmoid(gate) for both [T, heads, head_dim] -> [T, heads·head_dim] (with its FP8 codes:
+    Activations). On CUDA one launch that reads the gate in place; the CPU path, which never
+    quantises, keeps its flat, copied gate (the reference's exact ops)."""
     if o.is_cuda:
         from minisgl.kernels.sigmoid_gate import sigmoid_gate
 
-        return sigmoid_gate(o, gate).flatten(1)
+        y = sigmoid_gate(o, gate, quantise=codes)
+        return y if codes else y.flatten(1)
     return o.flatten(1) * torch.sigmoid(gate.flatten(1))
