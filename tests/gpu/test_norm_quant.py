@@ -70,7 +70,9 @@ def test_rms_norm_codes(t: int, width: int, zero_centered: bool, dtype: torch.dt
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("t", [3, 600])
+# 16384: a 2 x 8K step's rows, where a tile kept in two layouts (one for the FP8 stores) quantised a y
+# that differed from the stored one (benchmarks/bench_norm_codes.py's check, twenty-ninth session's kernel).
+@pytest.mark.parametrize("t", [3, 600, 16384])
 def test_add_rms_norm_codes(t: int, dtype: torch.dtype) -> None:
     torch.manual_seed(t)
     x, delta = _rows((t, 3072), dtype), _rows((t, 3072), dtype)
@@ -169,8 +171,9 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, 
             engine.pool.free(s)
         return logits
 
+    before = len(calls)  # the engine's warm-up quantised too
     fused = prefill()
-    fused_calls = len(calls)
+    fused_calls = len(calls) - before
 
     def dropping_codes(kernel):  # the norm as it is, its codes dropped: the readers quantise its y
         def call(*args, **kwargs):
@@ -184,5 +187,5 @@ def test_fp8_model_norms_carry_codes(tmp_path, monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.setattr(norm_kernels, name, dropping_codes(getattr(norm_kernels, name)))
     monkeypatch.setattr(gate_kernel, "sigmoid_gate", dropping_codes(gate_kernel.sigmoid_gate))
     dropped = prefill()
-    assert len(calls) - 2 * fused_calls == len(norms) + len(gates)
+    assert len(calls) - before - 2 * fused_calls == len(norms) + len(gates)
     assert torch.equal(fused, dropped), "the kernels' codes are not those their readers would make of y"
