@@ -65,14 +65,17 @@ TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
 # name -> (rows per block, or None for the regime's; gate_up override; down override): the fused MoE's
 # candidates at prefill sizes. "decode kernels" are the tokens-narrow kernels (the table before the
 # large-M regime: 64/128 columns, 8 warps at 128 rows), then with wider tiles; "large" the large-M
-# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue / down's columns;
+# kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue, 64x2q: by two
+# 64-column halves a program / down's columns;
 # tma: FP8 operands through TMA, else pointer loads).
 def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
-def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False) -> dict[str, object]:
-    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma)
+def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False,
+           halves: bool = False) -> dict[str, object]:
+    return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma,
+                codes_in_halves=halves)
 
 
 MOE_CANDIDATES = {
@@ -98,6 +101,8 @@ MOE_CANDIDATES = {
     "large 64: 64/128 w4 s5 tma": (64, _large(64, 4, 5, tma=True), _large(128, 4, 5, tma=True)),
     "large 64: 64/128 w4 s3 group 16 tma": (64, _large(64, 4, 3, 16, tma=True), _large(128, 4, 3, 16, tma=True)),
     "large 64: 64/128 w4 s3 group 4 tma": (64, _large(64, 4, 3, 4, tma=True), _large(128, 4, 3, 4, tma=True)),
+    "large 64: 64x2q/128 w4 s3 tma": (64, _large(64, 4, 3, tma=True, halves=True), _large(128, 4, 3, tma=True)),
+    "large 64: 64x2q/128 w4 s4 tma": (64, _large(64, 4, 4, tma=True, halves=True), _large(128, 4, 3, tma=True)),
     "large 64: 128q/128 w4 s3 tma": (64, _large(128, 4, 3, tma=True), _large(128, 4, 3, tma=True)),
     "large 64: 128q/128 w8 s3 tma": (64, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 64/128 w8 s3 tma": (128, _large(64, 8, 3, tma=True), _large(128, 8, 3, tma=True)),

@@ -144,6 +144,10 @@ PATHS = [
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (128, dict(large_m=True, block_n=128, num_warps=8, tma=True), dict(large_m=True, block_n=128, num_warps=8, tma=True)),
     (64, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=64, num_warps=4, tma=True)),
+    # h quantised by 64-column tiles, a program running both halves of a 128-group
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True),
+     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
+    (64, dict(large_m=True, block_n=64, num_warps=4, codes_in_halves=True), dict(large_m=True, block_n=128, num_warps=4)),
 ]
 
 

@@ -1,5 +1,5 @@
 """The Triton MoE's GEMM kernels, both orientations (decode's, and prefill's large-M with and without
-h quantised in gate_up's epilogue), stage by stage against torch at small ragged shapes, with
+h quantised in gate_up's epilogue, by one tile or by two halves), stage by stage against torch at small ragged shapes, with
 padding ids, another worker's ids, a token with no pair and an expert with no rows; and
 align_experts' grouping, both paths, uniform and skewed, against torch. On a GPU, or on the CPU
 through Triton's interpreter:
@@ -47,6 +47,10 @@ PATHS = [
     (64, dict(large_m=True, block_n=128, num_warps=8, group_m=2), dict(large_m=True, block_n=256, num_warps=8)),
     (16, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True),
+     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
+    # 64-column tiles, a program running both halves of a 128-group and quantising h
+    (32, dict(large_m=True, block_n=64, num_warps=4, codes_in_halves=True), dict(large_m=True, block_n=128, num_warps=4)),
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
 ]
 
@@ -110,7 +114,7 @@ def test_stages_match_torch(block_m: int, gate_up_tile: dict, down_tile: dict, f
     w2 = torch.stack([dequantize_block_fp8(down[e], ds[e]) if fp8 else down[e].float() for e in range(E)])
 
     h: Hidden = moe_gate_up(x, gate_up, gs, g, **gate_up_tile)
-    fused = fp8 and gate_up_tile.get("block_n") == GROUP
+    fused = fp8 and (gate_up_tile.get("block_n") == GROUP or gate_up_tile.get("codes_in_halves", False))
     assert isinstance(h, tuple) == fused, "h is quantised in the epilogue exactly when a program holds whole groups"
     if not fused:  # (the fused codes: test_epilogue_codes_are_the_quantisers)
         gate, up = torch.einsum("rh,rnh->rn", _operand(x, fp8)[pairs // K_TOP], w13[experts]).chunk(2, dim=-1)
@@ -149,6 +153,26 @@ def test_epilogue_codes_are_the_quantisers(tma: bool) -> None:
     else:
         assert torch.equal(hs[pos], s)
         assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_halves_codes_are_the_quantisers(tma: bool) -> None:
+    """With codes_in_halves, gate_up's 64-column tiles write exactly the quantiser's codes of the h
+    the same tiles write without codes, on the GPU too (each half is the same tile's arithmetic). I =
+    192: the second group's second half lies past I (with TMA it reads up's rows, which must not
+    reach the group's scale)."""
+    torch.manual_seed(4)
+    gate_up, gs, _, _ = _weights(True)
+    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
+    ids, _ = _routing()
+    g = align_experts(ids, E, 32)
+    tile = dict(large_m=True, block_n=64, num_warps=4, tma=tma)
+    hq, hs = moe_gate_up(x, gate_up, gs, g, **tile, codes_in_halves=True)
+    h = moe_gate_up(x, gate_up, gs, g, **tile)
+    pos = _real_rows(g)[0]
+    q, s = quantize_activations(h[pos])
+    assert torch.equal(hs[pos], s)
+    assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
 
 
 def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFixture) -> None:

@@ -31,15 +31,24 @@ PREFILL_TOKENS = 512
 
 
 @triton.jit
-def quantize_tile(x, FP8_MAX: tl.constexpr):
-    """(codes, scale per group) of an fp32 tile [..., GROUP], a group per run of its last dim: scale
-    amax / 448 (1 for an all-zero group)."""
-    amax = tl.max(tl.abs(x), axis=-1)
-    # Correctly rounded divisions, as torch's, so FP8 rounding boundaries fall where the reference's do.
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.0)
+def group_scale(amax, FP8_MAX: tl.constexpr):
+    """A group's scale from its amax: amax / 448, 1 for an all-zero group. Correctly rounded, as
+    torch's division, so FP8 rounding boundaries fall where the reference's do."""
+    return tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.0)
+
+
+@triton.jit
+def group_codes(x, scale, FP8_MAX: tl.constexpr):
+    """The codes of an fp32 tile [..., columns] of one group a row, scale [...] (not yet FP8-typed)."""
     q = tl.math.div_rn(x, tl.broadcast_to(tl.expand_dims(scale, -1), x.shape))
-    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # x / (amax / 448) can round past 448
-    return q, scale
+    return tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # x / (amax / 448) can round past 448
+
+
+@triton.jit
+def quantize_tile(x, FP8_MAX: tl.constexpr):
+    """(codes, scale per group) of an fp32 tile [..., GROUP], a group per run of its last dim."""
+    scale = group_scale(tl.max(tl.abs(x), axis=-1), FP8_MAX)
+    return group_codes(x, scale, FP8_MAX), scale
 
 
 @triton.jit

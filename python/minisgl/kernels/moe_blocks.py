@@ -23,6 +23,9 @@ class MoeTile:
     large_m: bool = False
     group_m: int = 8
     tma: bool = False  # large-M, FP8, block_n dividing 128: operands through TMA (kernels/moe_gemm_large.py)
+    # large-M gate_up at block_n 64, FP8: a program runs both halves of a 128-group and writes h's
+    # FP8 codes (kernels/moe_gemm_large.py), so no quantiser pass over h
+    codes_in_halves: bool = False
 
 
 @triton.jit

@@ -121,8 +121,10 @@ NARROW_BLOCK_N = 32  # decode's tiles where block_n 64 would leave SMs idle (see
 # on the 122B shapes, 1.12-1.16x the same tiles on pointers, which were 1.22-1.29x the tokens-narrow
 # kernels at 128-row blocks (docs/benchmarks.md, twelfth session and "Calls 3 and 4"). From 128
 # rows per expert on; 16-64 are decode's, measured (bench_moe.py --sweep; block_n 64, or 32 when 64
-# leaves SMs idle): the tokens on the MMA's narrow side.
-_PREFILL = MoeRegime(64, MoeTile(64, 4, 3, large_m=True, tma=True), MoeTile(128, 4, 3, large_m=True, tma=True))
+# leaves SMs idle): the tokens on the MMA's narrow side. gate_up's programs run both 64-column halves
+# of a 128-group and write h's FP8 codes: no quantiser pass over h between the GEMMs.
+_PREFILL = MoeRegime(64, MoeTile(64, 4, 3, large_m=True, tma=True, codes_in_halves=True),
+                     MoeTile(128, 4, 3, large_m=True, tma=True))
 REGIMES = {
     16: MoeRegime(16, _DECODE, _DECODE),
     32: MoeRegime(32, _DECODE, _DECODE),

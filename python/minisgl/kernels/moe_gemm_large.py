@@ -11,7 +11,9 @@ from L2; unused blocks (past the grouping's last) exit at once.
 gate_up with BLOCK_N = 128 and FP8 weights quantises h in its epilogue (each program holds whole
 128-groups of its rows): down then reads FP8 codes and scales, and the separate quantiser pass over
 h (read bf16, write FP8) is gone. The rule is kernels/fp8_quant.py's on the bf16-rounded h, so the
-codes are those the separate pass would write.
+codes are those the separate pass would write. At BLOCK_N = 64 a tile holds half a group; with
+`codes_in_halves` a program runs the two halves of one group in turn (each the 64-wide tile's own
+K loop and registers) and quantises both by their joint amax.
 
 FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands through the
 tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
@@ -33,7 +35,7 @@ import triton.language as tl
 
 from minisgl.kernels.fp8_format import FP8_MAX
 from minisgl.kernels.fp8_gemm import load_k_tile
-from minisgl.kernels.fp8_quant import GROUP, quantize_tile
+from minisgl.kernels.fp8_quant import GROUP, group_codes, group_scale, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 
@@ -122,26 +124,20 @@ def _program_tiles(rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num
     return pid_b, pid_n, expert, pos, real, pair, w_ptrs, s_ptrs, s_first, rn, n_ok
 
 
-@triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
-def _moe_gate_up_large_kernel(
-    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
-    num_blocks, top_k, inter, K, rows_per_expert,
-    stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
-    stride_hsm, stride_hsk,
-    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, TMA: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    _, pid_n, expert, pos, real, pair, g_ptrs, gs_ptrs, gs_first, rn, n_ok = _program_tiles(
-        rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num_blocks, inter,
-        stride_we, stride_wn, stride_se, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+@triton.jit
+def _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, tile, pair, real, top_k, inter, K, rows_per_expert,
+            stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn,
+            UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """SwiGLU's h (fp32) of this block's rows over weight tile `tile` of the expert's I columns, with
+    the columns and which of them exist; columns past I hold 0."""
+    g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
+        w_ptr, s_ptr, expert, tile, stride_we, stride_wn, stride_se, stride_sn, inter, BLOCK_N, BLOCK_K
     )
-    if expert < 0:
-        return
     if FP8 and BLOCK_K % BLOCK_N == 0:
         acc_g, acc_u = _gate_up_fp8_sums(
             x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
-            expert * rows_per_expert + pid_n * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
+            expert * rows_per_expert + tile * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
             real, n_ok, K, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
         )
     else:
@@ -153,15 +149,53 @@ def _moe_gate_up_large_kernel(
     h = acc_g * tl.sigmoid(acc_g) * acc_u
     if TMA:  # columns past I came from other rows (up's, or the next expert's)
         h = tl.where(n_ok[None, :], h, 0.0)
-    h_ptrs = h_ptr + pos[:, None].to(tl.int64) * stride_hm + rn[None, :]
-    ok = real[:, None] & n_ok[None, :]
-    if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
-        # h is rounded to the bf16 activations first, as the separate pass would read it.
-        q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), _FP8_MAX)
-        tl.store(h_ptrs, q.to(h_ptr.dtype.element_ty), mask=ok)
-        tl.store(hs_ptr + pos.to(tl.int64) * stride_hsm + pid_n * stride_hsk, scale, mask=real)
+    return h, rn, n_ok
+
+
+@triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
+def _moe_gate_up_large_kernel(
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    num_blocks, top_k, inter, K, rows_per_expert,
+    stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+    stride_hsm, stride_hsk,
+    UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, HALVES: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(inter, BLOCK_N * HALVES), GROUP_M)
+    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
+    if expert < 0:
+        return
+    h_rows = h_ptr + pos[:, None].to(tl.int64) * stride_hm
+    hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm + pid_n * stride_hsk  # QUANT_H: a program is a 128-group
+    if HALVES == 2:
+        # The two 64-column halves of one 128-group in turn, the first held as the bf16 the codes
+        # are made of (h is rounded to the activations' dtype first, as the separate pass reads it).
+        h0, rn0, ok0 = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n, pair, real, top_k, inter, K,
+                               rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se,
+                               stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        h0 = h0.to(tl.bfloat16)
+        h1, rn1, ok1 = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n + 1, pair, real, top_k, inter,
+                               K, rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn,
+                               stride_se, stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        h0, h1 = h0.to(tl.float32), h1.to(tl.bfloat16).to(tl.float32)
+        scale = group_scale(tl.maximum(tl.max(tl.abs(h0), axis=1), tl.max(tl.abs(h1), axis=1)), _FP8_MAX)
+        tl.store(h_rows + rn0[None, :], group_codes(h0, scale, _FP8_MAX).to(h_ptr.dtype.element_ty),
+                 mask=real[:, None] & ok0[None, :])
+        tl.store(h_rows + rn1[None, :], group_codes(h1, scale, _FP8_MAX).to(h_ptr.dtype.element_ty),
+                 mask=real[:, None] & ok1[None, :])
+        tl.store(hs_ptrs, scale, mask=real)
     else:
-        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=ok)
+        h, rn, n_ok = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, pid_n, pair, real, top_k, inter, K,
+                              rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se,
+                              stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        ok = real[:, None] & n_ok[None, :]
+        if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
+            q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), _FP8_MAX)
+            tl.store(h_rows + rn[None, :], q.to(h_ptr.dtype.element_ty), mask=ok)
+            tl.store(hs_ptrs, scale, mask=real)
+        else:
+            tl.store(h_rows + rn[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_hsk"])
@@ -220,12 +254,13 @@ def _pointer_loads_instead(shape: tuple[int, ...], stride: tuple[int, ...]) -> N
 
 def fuses_quantisation(tile: MoeTile, fp8: bool, dtype: torch.dtype) -> bool:
     """Whether gate_up at this tile writes h as FP8 codes and group scales (see the module docstring):
-    FP8 weights, bf16 activations, one 128-group per program."""
-    return fp8 and dtype == torch.bfloat16 and tile.large_m and tile.block_n == GROUP
+    FP8 weights, bf16 activations, one 128-group per program (one tile, or two halves in turn)."""
+    whole_groups = tile.block_n == GROUP or (tile.codes_in_halves and 2 * tile.block_n == GROUP)
+    return fp8 and dtype == torch.bfloat16 and tile.large_m and whole_groups
 
 
-def _programs(g: ExpertGrouping, n: int, tile: MoeTile) -> tuple[int]:
-    return (g.max_blocks * triton.cdiv(n, tile.block_n),)
+def _programs(g: ExpertGrouping, n: int, block_n: int) -> tuple[int]:
+    return (g.max_blocks * triton.cdiv(n, block_n),)
 
 
 def gate_up_large(
@@ -240,13 +275,14 @@ def gate_up_large(
     scale = s if fp8 else w  # unused pointers when bf16
     h_scale = hs if hs is not None else h
     tma = _tma(tile, fp8, w)
-    _moe_gate_up_large_kernel[_programs(g, inter, tile)](
+    halves = 2 if hs is not None and 2 * tile.block_n == GROUP else 1
+    _moe_gate_up_large_kernel[_programs(g, inter, halves * tile.block_n)](
         xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
-        UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None,
+        UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None, HALVES=halves,
         TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -262,7 +298,7 @@ def down_large(
     fp8 = s is not None
     scale = s if fp8 else w
     tma = _tma(tile, fp8, w, hq)
-    _moe_down_large_kernel[_programs(g, n, tile)](
+    _moe_down_large_kernel[_programs(g, n, tile.block_n)](
         hq, _descriptor(hq, g.block_m, tma), hs, w, _descriptor(w, tile.block_n, tma), scale, y, weights,
         g.rows, g.block_expert, g.block_rows, g.max_blocks, n, k,
         hq.stride(0), hs.stride(0), hs.stride(1), w.stride(0), w.stride(1),
