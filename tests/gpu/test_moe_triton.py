@@ -134,20 +134,24 @@ def test_triton_experts_match_torch(t: int, e: int, k: int, h: int, i: int, fp8:
 
 
 # (rows per block, gate_up override, down override): every orientation and epilogue, whatever
-# REGIMES holds (tests/kernels/test_moe_interpret.py checks them stage by stage).
+# REGIMES holds (tests/kernels/test_moe_interpret.py checks them stage by stage). An override replaces
+# fields of the regime's tile, so each path names the fields the prefill regime sets (tma, codes_in_halves).
 PATHS = [
     (64, dict(large_m=False, block_n=64, num_warps=4, num_stages=4), dict(large_m=False, block_n=128, num_warps=8)),
-    (64, dict(large_m=True, block_n=64, num_warps=4), dict(large_m=True, block_n=128, num_warps=4)),
-    (64, dict(large_m=True, block_n=128, num_warps=4), dict(large_m=True, block_n=256, num_warps=8)),
-    (128, dict(large_m=True, block_n=128, num_warps=8), dict(large_m=True, block_n=128, num_warps=8)),
-    # operands through TMA: REGIMES' tiles, and ones with h quantised in gate_up's epilogue
-    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True), dict(large_m=True, block_n=128, num_warps=4, tma=True)),
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=False, codes_in_halves=False),
+     dict(large_m=True, block_n=128, num_warps=4, tma=False)),
+    (64, dict(large_m=True, block_n=128, num_warps=4, tma=False), dict(large_m=True, block_n=256, num_warps=8, tma=False)),
+    (128, dict(large_m=True, block_n=128, num_warps=8, tma=False), dict(large_m=True, block_n=128, num_warps=8, tma=False)),
+    # operands through TMA: tiles with h in bf16, and ones with h quantised in gate_up's epilogue
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=False),
+     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (128, dict(large_m=True, block_n=128, num_warps=8, tma=True), dict(large_m=True, block_n=128, num_warps=8, tma=True)),
     (64, dict(large_m=True, block_n=128, num_warps=4, tma=True), dict(large_m=True, block_n=64, num_warps=4, tma=True)),
     # h quantised by 64-column tiles, a program running both halves of a 128-group
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    (64, dict(large_m=True, block_n=64, num_warps=4, codes_in_halves=True), dict(large_m=True, block_n=128, num_warps=4)),
+    (64, dict(large_m=True, block_n=64, num_warps=4, tma=False, codes_in_halves=True),
+     dict(large_m=True, block_n=128, num_warps=4, tma=False)),
 ]
 
 
