@@ -2,10 +2,11 @@
 The codes and scales must be quantize_activations' of the y returned with them, bit for bit (padded
 for cuBLAS as Activations.fp8 pads them): the pass quantises the stored y by the quantiser's own rule.
 y itself must be the norm without codes to an ulp a bf16 rounding of its chain (1e-5 relative in
-fp32): with codes to store, Triton lays the tile out for 16-byte FP8 stores, which can change the
-order of a row's sum of squares (seen on an H100), so y may move where a rounding flips. Then an FP8
-model at the 122B's widths: the norms before FP8 projections carry codes, the quantiser runs that
-many times fewer a step, and the logits are those of the same norms with their codes dropped."""
+fp32): with codes to store, Triton may lay the tile out otherwise (the twenty-ninth session's kernel
+did, for 16-byte FP8 stores), which can change the order of a row's sum of squares (seen on an
+H100), so y may move where a rounding flips. Then an FP8 model at the 122B's widths: the norms
+before FP8 projections and the attention's output gate carry codes, the quantiser runs that many
+times fewer a step, and the logits are those of the same kernels with their codes dropped."""
 from __future__ import annotations
 
 import json
