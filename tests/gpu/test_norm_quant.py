@@ -2,7 +2,7 @@
 The codes and scales must be quantize_activations' of the y returned with them, bit for bit (padded
 for cuBLAS as Activations.fp8 pads them): the pass quantises the stored y by the quantiser's own rule.
 y itself must be the norm without codes to an ulp a bf16 rounding of its chain (1e-5 relative in
-fp32): with codes to store, Triton may lay the tile out otherwise (the twenty-ninth session's kernel
+fp32): with codes to store, Triton may lay the tile out otherwise (an earlier version
 did, for 16-byte FP8 stores), which can change the order of a row's sum of squares (seen on an
 H100), so y may move where a rounding flips. Then an FP8 model at the 122B's widths: the norms
 before FP8 projections and the attention's output gate carry codes, the quantiser runs that many
@@ -72,7 +72,7 @@ def test_rms_norm_codes(t: int, width: int, zero_centered: bool, dtype: torch.dt
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 # 16384: a 2 x 8K step's rows, where a tile kept in two layouts (one for the FP8 stores) quantised a y
-# that differed from the stored one (benchmarks/bench_norm_codes.py's check, twenty-ninth session's kernel).
+# that differed from the stored one (an earlier version of the kernel; bench_norm_codes.py's check found it).
 @pytest.mark.parametrize("t", [3, 600, 16384])
 def test_add_rms_norm_codes(t: int, dtype: torch.dtype) -> None:
     torch.manual_seed(t)
