@@ -50,7 +50,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps, config.zero_centered_norm)
         self.rotary = rotary
         self.backend = backend
-        self.gate_codes = False  # the output gate writes o_proj's FP8 codes (feed_fp8_norms)
+        self.gate_codes = False  # the output gate writes o_proj's FP8 codes (feed_fp8_codes)
 
     def stack_rows(self, device: torch.device) -> None:
         """Called by materialize once the layers' dtypes are final: q, k and v as one GEMM where their
@@ -63,7 +63,7 @@ class Attention(nn.Module):
         """Whether q, k and v quantise their input (layers/norm.py's fp8_output)."""
         return isinstance(self.q_proj, Fp8Linear)
 
-    def feed_fp8_norms(self) -> None:
+    def feed_fp8_codes(self) -> None:
         """Called by materialize once the dtypes are final: as the norms do for their readers, the
         output gate writes o_proj's codes where o_proj is FP8 and a head splits into 128-groups."""
         self.gate_codes = self.gated and isinstance(self.o_proj, Fp8Linear) and rows_split_into_groups((1, self.head_dim))

@@ -78,7 +78,7 @@ class GatedDeltaNet(nn.Module):
         """Whether the input projections quantise their input (layers/norm.py's fp8_output)."""
         return isinstance(self.in_proj_qkv, Fp8Linear)
 
-    def feed_fp8_norms(self) -> None:
+    def feed_fp8_codes(self) -> None:
         """Called by materialize once the dtypes are final: the output norm writes out_proj's codes."""
         self.norm.feed_fp8(isinstance(self.out_proj, Fp8Linear))
 

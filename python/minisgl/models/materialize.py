@@ -58,9 +58,9 @@ def materialize(model: nn.Module, device: torch.device, fp8: QuantConfig | None)
     for module in model.modules():  # layers that share an input, stacked for one GEMM (layers/row_stack.py)
         if hasattr(module, "stack_rows"):
             module.stack_rows(device)
-    for module in model.modules():  # norms that write their FP8 readers' codes (layers/norm.py)
-        if hasattr(module, "feed_fp8_norms"):
-            module.feed_fp8_norms()
+    for module in model.modules():  # kernels that write their FP8 readers' codes (norms, the output gate)
+        if hasattr(module, "feed_fp8_codes"):
+            module.feed_fp8_codes()
     for module in model.modules():
         for pname, p in list(module.named_parameters(recurse=False)):
             if p.is_meta:

@@ -62,7 +62,7 @@ class Qwen3_5MoeDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.zero_centered_norm)
         self.mlp = mlp
 
-    def feed_fp8_norms(self) -> None:
+    def feed_fp8_codes(self) -> None:
         """Called by materialize once the dtypes are final: a norm whose readers quantise its output
         writes their FP8 codes in its own pass (layers/norm.py)."""
         mixer = self.self_attn if self.is_full else self.linear_attn
