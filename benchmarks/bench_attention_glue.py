@@ -5,7 +5,8 @@
 Per attention layer of Qwen3.5-122B (32 q heads read from the gated [T, 32, 2·256] q_proj output,
 2 KV heads, rotary_dim 64), bf16: the torch path of main (rms_norm kernel, RotaryEmbedding.apply's
 neg/cat/mul/add, the gate's reshape copy, sigmoid then multiply) against the fused kernels
-(qk_norm_rope for q and k, sigmoid_gate). `ideal` is the fused kernels' minimum traffic (q, k and
+(qk_norm_rope for q and k, sigmoid_gate), and the gate with o_proj's FP8 codes: the quantiser's pass
+after the gate against the gate writing them (`codes`). `ideal` is the fused kernels' minimum traffic (q, k and
 the gate's three tensors read or written once) at the measured copy bandwidth; `vs_ideal` is time /
 ideal. Prints a table; writes attention_glue.json under $OUT when set.
 """
@@ -19,6 +20,8 @@ from collections.abc import Callable
 import torch
 
 from gpu_timing import copy_tbps, median_us, table
+from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE
+from minisgl.kernels.fp8_quant import quantize_activations
 from minisgl.kernels.qk_norm_rope import norm_rope
 from minisgl.kernels.rms_norm import rms_norm
 from minisgl.kernels.sigmoid_gate import sigmoid_gate
@@ -50,7 +53,14 @@ def glue_paths(t: int) -> dict[str, Callable[[], object]]:
     def new_gate() -> object:
         return sigmoid_gate(o, gate)
 
+    def old_codes() -> object:
+        return quantize_activations(sigmoid_gate(o, gate).view(t, HQ * D), ROWS_MULTIPLE)
+
+    def new_codes() -> object:
+        return sigmoid_gate(o, gate, quantise=True)
+
     return {"qk old": old_qk, "qk new": new_qk, "gate old": old_gate, "gate new": new_gate,
+            "codes old": old_codes, "codes new": new_codes,
             "all old": lambda: (old_qk(), old_gate()), "all new": lambda: (new_qk(), new_gate())}
 
 
@@ -59,7 +69,8 @@ def min_bytes(t: int, part: str) -> int:
     size = torch.finfo(DTYPE).bits // 8
     qk = 2 * t * (HQ + HKV) * D * size + 2 * t * ROTARY_DIM * size
     gate = 3 * t * HQ * D * size
-    return {"qk": qk, "gate": gate, "all": qk + gate}[part]
+    codes = gate + t * HQ * D + 4 * t * HQ * D // 128  # FP8 codes and fp32 group scales written too
+    return {"qk": qk, "gate": gate, "codes": codes, "all": qk + gate}[part]
 
 
 def main() -> None:
