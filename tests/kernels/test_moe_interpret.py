@@ -1,6 +1,5 @@
 """The Triton MoE's GEMM kernels, both orientations (decode's, and prefill's large-M with and without
-h quantised in gate_up's epilogue, by one tile or by two halves, with x's rows gathered or copied
-into grouped order first), stage by stage against torch at small ragged shapes, with
+h quantised in gate_up's epilogue, by one tile or by two halves), stage by stage against torch at small ragged shapes, with
 padding ids, another worker's ids, a token with no pair and an expert with no rows; and
 align_experts' grouping, both paths, uniform and skewed, against torch. On a GPU, or on the CPU
 through Triton's interpreter:
@@ -32,7 +31,6 @@ from minisgl.kernels import moe_align  # noqa: E402
 from minisgl.kernels.fp8_quant import GROUP, quantize_activations  # noqa: E402
 from minisgl.kernels.moe_align import ExpertGrouping, align_experts  # noqa: E402
 from minisgl.kernels.moe_gemm import Hidden, moe_combine, moe_down, moe_gate_up  # noqa: E402
-from minisgl.kernels.moe_gemm_large import rows_in_grouped_order  # noqa: E402
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, dequantize_block_fp8, dequantize_gate_up  # noqa: E402
 
 DEVICE = "cuda" if GPU else "cpu"
@@ -53,9 +51,6 @@ PATHS = [
     # 64-column tiles, a program running both halves of a 128-group and quantising h
     (32, dict(large_m=True, block_n=64, num_warps=4, codes_in_halves=True), dict(large_m=True, block_n=128, num_warps=4)),
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
-    # the same with x's rows copied into grouped order first, read by TMA (rows_in_order)
-    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True, rows_in_order=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
 ]
 
@@ -170,40 +165,6 @@ def test_epilogue_codes_are_the_quantisers(tiles: tuple[dict, dict, bool], tma: 
     else:
         assert torch.equal(hs[pos], s)
         assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
-
-
-def test_rows_in_grouped_order_are_the_tokens_rows() -> None:
-    """The copy of x's codes and scales into grouped order: each real row its pair's token's row, a
-    used block's padding rows zeros with scale 1. K = 320 leaves a partial 128-group."""
-    torch.manual_seed(5)
-    xq, xs = quantize_activations(torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE))
-    ids, _ = _routing()
-    g = align_experts(ids, E, 16)
-    out, outs = rows_in_grouped_order(xq, xs, g)
-    pos, _, pairs = _real_rows(g)
-    assert torch.equal(out[pos].view(torch.uint8), xq[pairs // K_TOP].view(torch.uint8))
-    assert torch.equal(outs[pos], xs[pairs // K_TOP])
-    used = torch.arange(g.max_blocks, device=DEVICE)[g.block_expert >= 0]
-    padding = [b * g.block_m + r for b in used.tolist() for r in range(g.block_rows[b].item(), g.block_m)]
-    assert padding, "the routing leaves padding rows"
-    assert not out[padding].view(torch.uint8).any() and torch.equal(outs[padding], torch.ones_like(outs[padding]))
-
-
-@pytest.mark.parametrize("codes", [False, True], ids=["h", "codes in halves"])
-def test_rows_in_order_compute_what_gathered_rows_do(codes: bool) -> None:
-    """gate_up reading x's rows in grouped order through TMA writes h (or its codes) bit for bit as
-    when it gathers the tokens' rows by pointer loads: the same operands in the same products."""
-    torch.manual_seed(6)
-    gate_up, gs, _, _ = _weights(True)
-    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
-    ids, _ = _routing()
-    g = align_experts(ids, E, 64)
-    tile = dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=codes)
-    gathered = moe_gate_up(x, gate_up, gs, g, **tile)
-    in_order = moe_gate_up(x, gate_up, gs, g, **tile, rows_in_order=True)
-    pos = _real_rows(g)[0]
-    for a, b in zip(*((h,) if not codes else h for h in (gathered, in_order))):
-        assert torch.equal(a[pos].view(torch.uint8), b[pos].view(torch.uint8))
 
 
 def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFixture) -> None:

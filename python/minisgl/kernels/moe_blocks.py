@@ -26,10 +26,6 @@ class MoeTile:
     # large-M gate_up at block_n 64, FP8: a program runs both halves of a 128-group and writes h's
     # FP8 codes (kernels/moe_gemm_large.py), so no quantiser pass over h
     codes_in_halves: bool = False
-    # large-M FP8 gate_up with tma: x's codes and scales copied into grouped order first
-    # (kernels/moe_gemm_large.py, rows_in_grouped_order), so the token rows come by TMA too, not
-    # gathered by pointer loads
-    rows_in_order: bool = False
 
 
 @triton.jit

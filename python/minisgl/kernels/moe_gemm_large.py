@@ -17,10 +17,7 @@ K loop and registers) and quantises both by their joint amax.
 
 FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands through the
 tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
-down's rows of h (contiguous in grouped order) from one over h. gate_up's rows are tokens' rows of x,
-which Hopper's TMA cannot gather; with `rows_in_order` one pass copies x's codes and scales into
-grouped order first and gate_up reads them as down reads h. Gathered by pointer loads, the same
-loop ran 17% slower at 16K tokens (docs/benchmarks.md, thirty-first session). A weight tile that runs past its
+down's rows of h (contiguous in grouped order) from one over h. A weight tile that runs past its
 last row reads the rows after it (a gate tile up's, an up or down tile the next expert's) into
 columns the store masks; gate_up zeroes them before its epilogue quantises h. Accumulating in
 units of each K step's scale, so that the MMA adds into the accumulator in place
@@ -44,7 +41,6 @@ from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_ti
 
 logger = logging.getLogger(__name__)
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
-_GROUP = tl.constexpr(GROUP)
 
 
 @triton.jit
@@ -64,24 +60,19 @@ def _weight_tile(w_desc, w_ptrs, row, kb, n_ok, K, TMA: tl.constexpr, BLOCK_K: t
 
 
 @triton.jit
-def _gate_up_fp8_sums(x_ptr, x_desc, xs_ptr, pair, pos, x_row, top_k, stride_xm, stride_xsm, stride_xsk, w_desc,
-                      g_ptrs, g_row, gs_first, inter, stride_wn, up_scale_offset, real, n_ok, K,
-                      TMA: tl.constexpr, X_IN_ORDER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gate_up_fp8_sums(x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs, g_row,
+                      gs_first, inter, stride_wn, up_scale_offset, real, n_ok, K,
+                      TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """gate and up sums over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128); x's
-    rows are the pairs' tokens', or with X_IN_ORDER the block's own rows of x in grouped order
-    (from x_row on in x_desc, scales at the positions)."""
-    src = pos.to(tl.int64) if X_IN_ORDER else (pair // top_k).to(tl.int64)
-    x_ptrs = x_ptr + src[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
-    xs_ptrs = xs_ptr + src * stride_xsm
+    """gate and up sums over K of one FP8 tile whose rows share a weight block (BLOCK_N | 128)."""
+    token = (pair // top_k).to(tl.int64)
+    x_ptrs = x_ptr + token[:, None] * stride_xm + tl.arange(0, BLOCK_K)[None, :]
+    xs_ptrs = xs_ptr + token * stride_xsm
     u_ptrs = g_ptrs + inter * stride_wn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(tl.cdiv(K, BLOCK_K)):
-        if X_IN_ORDER:
-            x = x_desc.load([x_row, kb * BLOCK_K])
-        else:
-            x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
+        x = load_k_tile(x_ptrs + kb * BLOCK_K, real, K - kb * BLOCK_K, BLOCK_K, EVEN_K)
         xs = tl.load(xs_ptrs + kb * stride_xsk, mask=real, other=1.0)
         g = _weight_tile(w_desc, g_ptrs, g_row, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
         u = _weight_tile(w_desc, u_ptrs, g_row + inter, kb, n_ok, K, TMA, BLOCK_K, EVEN_K)
@@ -134,10 +125,10 @@ def _program_tiles(rows_ptr, block_expert_ptr, block_rows_ptr, w_ptr, s_ptr, num
 
 
 @triton.jit
-def _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, tile, pair, pos, x_row, real, top_k, inter, K,
-            rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn,
-            UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, TMA: tl.constexpr, X_IN_ORDER: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+def _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, tile, pair, real, top_k, inter, K, rows_per_expert,
+            stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn,
+            UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """SwiGLU's h (fp32) of this block's rows over weight tile `tile` of the expert's I columns, with
     the columns and which of them exist; columns past I hold 0."""
     g_ptrs, gs_ptrs, gs_first, rn, n_ok = expert_tiles(
@@ -145,9 +136,9 @@ def _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, tile, pair, pos
     )
     if FP8 and BLOCK_K % BLOCK_N == 0:
         acc_g, acc_u = _gate_up_fp8_sums(
-            x_ptr, x_desc, xs_ptr, pair, pos, x_row, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
+            x_ptr, xs_ptr, pair, top_k, stride_xm, stride_xsm, stride_xsk, w_desc, g_ptrs,
             expert * rows_per_expert + tile * BLOCK_N, gs_first, inter, stride_wn, UP_SCALE_ROW * stride_sn,
-            real, n_ok, K, TMA, X_IN_ORDER, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+            real, n_ok, K, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
         )
     else:
         acc_g, acc_u = gate_up_sums(
@@ -163,33 +154,30 @@ def _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, tile, pair, pos
 
 @triton.jit(do_not_specialize=["num_blocks", "stride_xsk", "stride_hsk"])
 def _moe_gate_up_large_kernel(
-    x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
+    x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, h_ptr, hs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
     num_blocks, top_k, inter, K, rows_per_expert,
     stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
     stride_hsm, stride_hsk,
     UP_SCALE_ROW: tl.constexpr, FP8: tl.constexpr, QUANT_H: tl.constexpr, HALVES: tl.constexpr,
-    TMA: tl.constexpr, X_IN_ORDER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid_b, pid_n = _grouped_program(num_blocks, tl.cdiv(inter, BLOCK_N * HALVES), GROUP_M)
     expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, pid_b, BLOCK_M)
     if expert < 0:
         return
-    x_row = pid_b * BLOCK_M  # X_IN_ORDER: the block's first row of x in grouped order
     h_rows = h_ptr + pos[:, None].to(tl.int64) * stride_hm
     hs_ptrs = hs_ptr + pos.to(tl.int64) * stride_hsm + pid_n * stride_hsk  # QUANT_H: a program is a 128-group
     if HALVES == 2:
         # The two 64-column halves of one 128-group in turn, the first held as the bf16 the codes
         # are made of (h is rounded to the activations' dtype first, as the separate pass reads it).
-        h0, rn0, ok0 = _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n, pair, pos, x_row, real,
-                               top_k, inter, K, rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we,
-                               stride_wn, stride_se, stride_sn, UP_SCALE_ROW, FP8, TMA, X_IN_ORDER, BLOCK_M, BLOCK_N,
-                               BLOCK_K, EVEN_K)
+        h0, rn0, ok0 = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n, pair, real, top_k, inter, K,
+                               rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se,
+                               stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         h0 = h0.to(tl.bfloat16)
-        h1, rn1, ok1 = _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n + 1, pair, pos, x_row,
-                               real, top_k, inter, K, rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we,
-                               stride_wn, stride_se, stride_sn, UP_SCALE_ROW, FP8, TMA, X_IN_ORDER, BLOCK_M, BLOCK_N,
-                               BLOCK_K, EVEN_K)
+        h1, rn1, ok1 = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, 2 * pid_n + 1, pair, real, top_k, inter,
+                               K, rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn,
+                               stride_se, stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         h0, h1 = h0.to(tl.float32), h1.to(tl.bfloat16).to(tl.float32)
         scale = group_scale(tl.maximum(tl.max(tl.abs(h0), axis=1), tl.max(tl.abs(h1), axis=1)), _FP8_MAX)
         tl.store(h_rows + rn0[None, :], group_codes(h0, scale, _FP8_MAX).to(h_ptr.dtype.element_ty),
@@ -198,10 +186,9 @@ def _moe_gate_up_large_kernel(
                  mask=real[:, None] & ok1[None, :])
         tl.store(hs_ptrs, scale, mask=real)
     else:
-        h, rn, n_ok = _h_tile(x_ptr, x_desc, xs_ptr, w_ptr, w_desc, s_ptr, expert, pid_n, pair, pos, x_row, real,
-                              top_k, inter, K, rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we,
-                              stride_wn, stride_se, stride_sn, UP_SCALE_ROW, FP8, TMA, X_IN_ORDER, BLOCK_M, BLOCK_N,
-                              BLOCK_K, EVEN_K)
+        h, rn, n_ok = _h_tile(x_ptr, xs_ptr, w_ptr, w_desc, s_ptr, expert, pid_n, pair, real, top_k, inter, K,
+                              rows_per_expert, stride_xm, stride_xsm, stride_xsk, stride_we, stride_wn, stride_se,
+                              stride_sn, UP_SCALE_ROW, FP8, TMA, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         ok = real[:, None] & n_ok[None, :]
         if QUANT_H:  # BLOCK_N is one 128-group: each row's group is whole here (columns past I are 0).
             q, scale = quantize_tile(h.to(tl.bfloat16).to(tl.float32), _FP8_MAX)
@@ -236,46 +223,6 @@ def _moe_down_large_kernel(
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + pair[:, None].to(tl.int64) * stride_ym + rn[None, :]
     tl.store(y_ptrs, (acc * p[:, None]).to(y_ptr.dtype.element_ty), mask=real[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _rows_in_order_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
-                          top_k, K, groups, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm, stride_osk,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Block pid 0's rows of x's codes and scales, in grouped order (columns pid 1 x BLOCK_K on);
-    a used block's padding rows get zeros and scale 1, unused blocks nothing (no program reads them)."""
-    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(0), BLOCK_M)
-    if expert < 0:
-        return
-    token = (pair // top_k).to(tl.int64)
-    dest = pos.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    ok = cols < K
-    x = tl.load(x_ptr + token[:, None] * stride_xm + cols[None, :], mask=real[:, None] & ok[None, :], other=0.0)
-    tl.store(out_ptr + dest[:, None] * stride_om + cols[None, :], x, mask=ok[None, :])
-    g = tl.program_id(1) * (BLOCK_K // _GROUP) + tl.arange(0, BLOCK_K // _GROUP)
-    g_ok = g < groups
-    sc = tl.load(xs_ptr + token[:, None] * stride_xsm + g[None, :] * stride_xsk, mask=real[:, None] & g_ok[None, :],
-                 other=1.0)
-    tl.store(outs_ptr + dest[:, None] * stride_osm + g[None, :] * stride_osk, sc, mask=g_ok[None, :])
-
-
-_ROWS_IN_ORDER_BLOCK_K = 512  # columns a program copies (four 128-groups): 32 KiB of codes at 64 rows
-
-
-def rows_in_grouped_order(xq: torch.Tensor, xs: torch.Tensor, g: ExpertGrouping) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [rows, K], scales [rows, groups] row-contiguous) of the grouping's rows in grouped order:
-    row i is its pair's token's row of x (codes xq [T, K], scales xs [T, groups])."""
-    rows, k = g.rows.shape[0], xq.shape[1]
-    groups = triton.cdiv(k, GROUP)
-    out = torch.empty(rows, k, dtype=xq.dtype, device=xq.device)
-    outs = torch.empty(groups, rows, dtype=torch.float32, device=xq.device).t()
-    _rows_in_order_kernel[(g.max_blocks, triton.cdiv(k, _ROWS_IN_ORDER_BLOCK_K))](
-        xq, xs, out, outs, g.rows, g.block_expert, g.block_rows, g.top_k, k, groups,
-        xq.stride(0), xs.stride(0), xs.stride(1), out.stride(0), outs.stride(0), outs.stride(1),
-        BLOCK_M=g.block_m, BLOCK_K=_ROWS_IN_ORDER_BLOCK_K,
-    )
-    return out, outs
 
 
 def _descriptor(t: torch.Tensor, rows: int, use: bool) -> object:
@@ -328,19 +275,15 @@ def gate_up_large(
     scale = s if fp8 else w  # unused pointers when bf16
     h_scale = hs if hs is not None else h
     tma = _tma(tile, fp8, w)
-    in_order = tma and tile.rows_in_order and _tma(tile, fp8, xq)
-    if in_order:
-        xq, xs = rows_in_grouped_order(xq, xs, g)
     halves = 2 if hs is not None and 2 * tile.block_n == GROUP else 1
     _moe_gate_up_large_kernel[_programs(g, inter, halves * tile.block_n)](
-        xq, _descriptor(xq, g.block_m, in_order), xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale,
-        g.rows, g.block_expert, g.block_rows,
+        xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
         xq.stride(0), xs.stride(0), xs.stride(1), w.stride(0), w.stride(1),
         scale.stride(0) if fp8 else 0, scale.stride(1) if fp8 else 0, h.stride(0),
         hs.stride(0) if hs is not None else 0, hs.stride(1) if hs is not None else 0,
         UP_SCALE_ROW=triton.cdiv(inter, GROUP), FP8=fp8, QUANT_H=hs is not None, HALVES=halves,
-        TMA=tma, X_IN_ORDER=in_order,
+        TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
