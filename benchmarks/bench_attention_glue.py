@@ -5,10 +5,11 @@
 Per attention layer of Qwen3.5-122B (32 q heads read from the gated [T, 32, 2·256] q_proj output,
 2 KV heads, rotary_dim 64), bf16: the torch path of main (rms_norm kernel, RotaryEmbedding.apply's
 neg/cat/mul/add, the gate's reshape copy, sigmoid then multiply) against the fused kernels
-(qk_norm_rope for q and k, sigmoid_gate), and the gate with o_proj's FP8 codes: the quantiser's pass
-after the gate against the gate writing them (`codes`). `ideal` is the fused kernels' minimum traffic (q, k and
-the gate's three tensors read or written once) at the measured copy bandwidth; `vs_ideal` is time /
-ideal. Prints a table; writes attention_glue.json under $OUT when set.
+(qk_norm_rope for q and k, sigmoid_gate), and the gate with o_proj's FP8 codes: the quantiser's
+pass after the gate against the gate writing them (`codes`). `ideal` is the fused kernels' minimum
+traffic (q, k and the gate's three tensors read or written once, plus the codes and scales) at the
+measured copy bandwidth; `vs_ideal` is time / ideal. Prints a table; writes attention_glue.json
+under $OUT when set.
 """
 from __future__ import annotations
 
