@@ -67,15 +67,15 @@ TILE_CANDIDATES = [  # REGIMES' tiles first; then TMA variants and wider tiles
 # large-M regime: 64/128 columns, 8 warps at 128 rows), then with wider tiles; "large" the large-M
 # kernels (BLOCK_M x gate_up's columns per half, q: h quantised in gate_up's epilogue, 64x2q: by two
 # 64-column halves a program / down's columns;
-# tma: FP8 operands through TMA, else pointer loads; persistent: gate_up's persistent_per_sm).
+# tma: FP8 operands through TMA, else pointer loads).
 def _narrow(bn: int, warps: int, stages: int) -> dict[str, object]:
     return dict(large_m=False, block_n=bn, num_warps=warps, num_stages=stages)
 
 
 def _large(bn: int, warps: int, stages: int, group_m: int = 8, tma: bool = False,
-           halves: bool = False, per_sm: int = 0) -> dict[str, object]:
+           halves: bool = False) -> dict[str, object]:
     return dict(large_m=True, block_n=bn, num_warps=warps, num_stages=stages, group_m=group_m, tma=tma,
-                codes_in_halves=halves, persistent_per_sm=per_sm)
+                codes_in_halves=halves)
 
 
 MOE_CANDIDATES = {
@@ -103,11 +103,6 @@ MOE_CANDIDATES = {
     "large 64: 64/128 w4 s3 group 4 tma": (64, _large(64, 4, 3, 4, tma=True), _large(128, 4, 3, 4, tma=True)),
     "large 64: 64x2q/128 w4 s3 tma": (64, _large(64, 4, 3, tma=True, halves=True), _large(128, 4, 3, tma=True)),
     "large 64: 64x2q/128 w4 s4 tma": (64, _large(64, 4, 4, tma=True, halves=True), _large(128, 4, 3, tma=True)),
-    # gate_up persistent over x's rows copied into grouped order (the copy included), 2 programs an SM
-    "large 64: 64x2q/128 w4 s3 tma persistent": (64, _large(64, 4, 3, tma=True, halves=True, per_sm=2),
-                                                 _large(128, 4, 3, tma=True)),
-    "large 64: 64x2q/128 w4 s4 tma persistent": (64, _large(64, 4, 4, tma=True, halves=True, per_sm=2),
-                                                 _large(128, 4, 3, tma=True)),
     "large 64: 128q/128 w4 s3 tma": (64, _large(128, 4, 3, tma=True), _large(128, 4, 3, tma=True)),
     "large 64: 128q/128 w8 s3 tma": (64, _large(128, 8, 3, tma=True), _large(128, 8, 3, tma=True)),
     "large 128: 64/128 w8 s3 tma": (128, _large(64, 8, 3, tma=True), _large(128, 8, 3, tma=True)),

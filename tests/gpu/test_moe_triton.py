@@ -152,9 +152,6 @@ PATHS = [
      dict(large_m=True, block_n=128, num_warps=4, tma=True)),
     (64, dict(large_m=True, block_n=64, num_warps=4, tma=False, codes_in_halves=True),
      dict(large_m=True, block_n=128, num_warps=4, tma=False)),
-    # the persistent gate_up over x's rows in grouped order (I = 1024 and 384; at 320 the halves' path)
-    (64, dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True, persistent_per_sm=2),
-     dict(large_m=True, block_n=128, num_warps=4, tma=True)),
 ]
 
 

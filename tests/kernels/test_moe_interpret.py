@@ -167,26 +167,6 @@ def test_epilogue_codes_are_the_quantisers(tiles: tuple[dict, dict, bool], tma: 
         assert torch.equal(hq[pos].view(torch.uint8), q.view(torch.uint8))
 
 
-def test_persistent_gate_up_writes_the_per_tile_codes() -> None:
-    """The persistent gate_up (x's rows copied into grouped order, every tile walked by two programs
-    an SM, a group's halves in consecutive iterations) writes exactly the codes and scales the
-    one-program-a-tile halves write: the same products, K steps and epilogue. I = 256: the persistent
-    path takes whole 128-groups; K = 320 leaves TMA a partial last step."""
-    torch.manual_seed(5)
-    inter = 2 * GROUP
-    gate_up = torch.randn(E, 2 * inter, H, device=DEVICE).to(FP8_DTYPE)
-    gs = torch.rand(E, 2 * inter // GROUP, cdiv(H, GROUP), device=DEVICE).add(0.5) / H**0.5
-    x = torch.randn(T, H, dtype=torch.bfloat16, device=DEVICE)
-    ids, _ = _routing()
-    g = align_experts(ids, E, 32)
-    tile = dict(large_m=True, block_n=64, num_warps=4, tma=True, codes_in_halves=True)
-    ref_q, ref_s = moe_gate_up(x, gate_up, gs, g, **tile)
-    hq, hs = moe_gate_up(x, gate_up, gs, g, **tile, persistent_per_sm=2)
-    pos = _real_rows(g)[0]
-    assert torch.equal(hs[pos], ref_s[pos])
-    assert torch.equal(hq[pos].view(torch.uint8), ref_q[pos].view(torch.uint8))
-
-
 def test_weights_tma_cannot_read_take_pointer_loads(caplog: pytest.LogCaptureFixture) -> None:
     """A tile that asks for TMA over weights TMA cannot read (here a strided view, as a slice of a
     wider tensor would be) computes the same h through pointer loads, and the log says so."""

@@ -26,10 +26,6 @@ class MoeTile:
     # large-M gate_up at block_n 64, FP8: a program runs both halves of a 128-group and writes h's
     # FP8 codes (kernels/moe_gemm_large.py), so no quantiser pass over h
     codes_in_halves: bool = False
-    # with codes_in_halves and tma, I a multiple of 128: x's rows copied into grouped order (read by
-    # TMA), then this many programs an SM walk the tiles, each tile's K loop flattened into the next
-    # (kernels/moe_gemm_large.py); 0: one program a tile
-    persistent_per_sm: int = 0
 
 
 @triton.jit

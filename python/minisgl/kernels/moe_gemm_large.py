@@ -19,15 +19,7 @@ FP8 tiles inside one weight block (BLOCK_N dividing 128) can read their operands
 tensor memory accelerator (`tma`): weight tiles from a descriptor over [experts x rows, K], and
 down's rows of h (contiguous in grouped order) from one over h. A weight tile that runs past its
 last row reads the rows after it (a gate tile up's, an up or down tile the next expert's) into
-columns the store masks; gate_up zeroes them before its epilogue quantises h.
-
-Persistent gate_up (`persistent_per_sm`): Hopper's TMA cannot gather, so one pass first copies x's
-codes and scales into grouped order; then a few programs per SM walk every (row block, 128-group)
-tile, the 64-column halves of a group in consecutive iterations of one loop whose K loops Triton
-flattens, so the next tile's loads overlap this one's epilogue and pipeline fill. Several programs
-an SM, not one, because the tensor cores idle while each K step's product is scaled (a scaled
-product is not a loop-carried accumulator; docs/benchmarks.md, fifteenth session): a second program
-issues its MMAs meanwhile. Accumulating in
+columns the store masks; gate_up zeroes them before its epilogue quantises h. Accumulating in
 units of each K step's scale, so that the MMA adds into the accumulator in place
 (acc = acc * c_{k-1} / c_k + x_k w_k) instead of into a product tile as large as it, was measured
 too: 10-25% slower on gate_up (docs/benchmarks.md, twelfth session).
@@ -42,14 +34,13 @@ import triton
 import triton.language as tl
 
 from minisgl.kernels.fp8_format import FP8_MAX
-from minisgl.kernels.fp8_gemm import load_k_tile, num_sms
+from minisgl.kernels.fp8_gemm import load_k_tile
 from minisgl.kernels.fp8_quant import GROUP, group_codes, group_scale, quantize_tile
 from minisgl.kernels.moe_align import ExpertGrouping
 from minisgl.kernels.moe_blocks import MoeTile, block_rows, down_sums, expert_tiles, gate_up_sums
 
 logger = logging.getLogger(__name__)
 _FP8_MAX = tl.constexpr(FP8_MAX)  # a jitted function reads only constexpr globals
-_GROUP = tl.constexpr(GROUP)
 
 
 @triton.jit
@@ -110,18 +101,13 @@ def _down_fp8_sums(h_desc, h_ptr, hs_ptr, pos, h_row, stride_hm, stride_hsm, str
 
 
 @triton.jit
-def _grouped_tile(t, num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
-    """(row block, weight tile) of tile t: GROUP_M consecutive row blocks per weight tile."""
-    per_group = GROUP_M * num_n_tiles
-    first = (t // per_group) * GROUP_M
-    blocks_here = tl.minimum(num_blocks - first, GROUP_M)
-    return first + (t % per_group) % blocks_here, (t % per_group) // blocks_here
-
-
-@triton.jit
 def _grouped_program(num_blocks, num_n_tiles, GROUP_M: tl.constexpr):
-    """(row block, weight tile) of this program, one program a tile."""
-    return _grouped_tile(tl.program_id(0), num_blocks, num_n_tiles, GROUP_M)
+    """(row block, weight tile) of this program: GROUP_M consecutive row blocks per weight tile."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * num_n_tiles
+    first = (pid // per_group) * GROUP_M
+    blocks_here = tl.minimum(num_blocks - first, GROUP_M)
+    return first + (pid % per_group) % blocks_here, (pid % per_group) // blocks_here
 
 
 @triton.jit
@@ -212,49 +198,6 @@ def _moe_gate_up_large_kernel(
             tl.store(h_rows + rn[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit(do_not_specialize=["stride_xsk", "stride_hsk"])
-def _moe_gate_up_persistent_kernel(
-    x_desc, xs_ptr, w_desc, s_ptr, h_ptr, hs_ptr, block_expert_ptr, block_rows_ptr, used_blocks_ptr, inter, K,
-    stride_xsm, stride_xsk, stride_se, stride_sn, stride_hm, stride_hsm, stride_hsk,
-    UP_SCALE_ROW: tl.constexpr, NUM_PROGRAMS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    """gate_up with h's codes (codes_in_halves' arithmetic) over x's rows in grouped order (x_desc,
-    scales xs at the grouped positions); I a multiple of 128. Iterations 2j and 2j + 1 of a program
-    are the halves of its j-th tile; the first half's h is carried to the second, which writes both."""
-    groups = inter // (2 * BLOCK_N)
-    tiles = tl.load(used_blocks_ptr) * groups
-    mine = tl.cdiv(tl.maximum(tiles - tl.program_id(0), 0), NUM_PROGRAMS)
-    first_half = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for i in tl.range(0, 2 * mine, flatten=True):
-        second = i % 2 == 1
-        pid_b, pid_g = _grouped_tile(tl.program_id(0) + (i // 2) * NUM_PROGRAMS, tl.load(used_blocks_ptr), groups,
-                                     GROUP_M)
-        expert = tl.load(block_expert_ptr + pid_b)
-        pos = pid_b * BLOCK_M + tl.arange(0, BLOCK_M)
-        real = tl.arange(0, BLOCK_M) < tl.load(block_rows_ptr + pid_b)
-        g_row = expert * 2 * inter + (2 * pid_g + i % 2) * BLOCK_N
-        gs_first = s_ptr + expert * stride_se + pid_g * stride_sn
-        xs_ptrs = xs_ptr + pos.to(tl.int64) * stride_xsm
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(tl.cdiv(K, BLOCK_K)):
-            x = x_desc.load([pid_b * BLOCK_M, kb * BLOCK_K])
-            xs = tl.load(xs_ptrs + kb * stride_xsk)
-            acc_g = _scaled_step(acc_g, x, w_desc.load([g_row, kb * BLOCK_K]), xs, tl.load(gs_first + kb))
-            acc_u = _scaled_step(acc_u, x, w_desc.load([g_row + inter, kb * BLOCK_K]), xs,
-                                 tl.load(gs_first + UP_SCALE_ROW * stride_sn + kb))
-        h = (acc_g * tl.sigmoid(acc_g) * acc_u).to(tl.bfloat16).to(tl.float32)
-        # Masked stores rather than an `if`: Triton 3.6's loop flattening fails on an scf.if here.
-        scale = group_scale(tl.maximum(tl.max(tl.abs(first_half), axis=1), tl.max(tl.abs(h), axis=1)), _FP8_MAX)
-        h_rows = h_ptr + pos[:, None].to(tl.int64) * stride_hm + pid_g * 2 * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        keep = real[:, None] & second
-        tl.store(h_rows, group_codes(first_half, scale, _FP8_MAX).to(h_ptr.dtype.element_ty), mask=keep)
-        tl.store(h_rows + BLOCK_N, group_codes(h, scale, _FP8_MAX).to(h_ptr.dtype.element_ty), mask=keep)
-        tl.store(hs_ptr + pos.to(tl.int64) * stride_hsm + pid_g * stride_hsk, scale, mask=real & second)
-        first_half = h
-
-
 @triton.jit(do_not_specialize=["num_blocks", "stride_hsk"])
 def _moe_down_large_kernel(
     h_ptr, h_desc, hs_ptr, w_ptr, w_desc, s_ptr, y_ptr, p_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
@@ -280,46 +223,6 @@ def _moe_down_large_kernel(
     p = tl.load(p_ptr + pair, mask=real, other=0.0).to(tl.float32)
     y_ptrs = y_ptr + pair[:, None].to(tl.int64) * stride_ym + rn[None, :]
     tl.store(y_ptrs, (acc * p[:, None]).to(y_ptr.dtype.element_ty), mask=real[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _rows_in_order_kernel(x_ptr, xs_ptr, out_ptr, outs_ptr, rows_ptr, block_expert_ptr, block_rows_ptr,
-                          top_k, K, groups, stride_xm, stride_xsm, stride_xsk, stride_om, stride_osm, stride_osk,
-                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Block pid 0's rows of x's codes and scales, in grouped order (columns pid 1 x BLOCK_K on);
-    a used block's padding rows get zeros and scale 1, unused blocks nothing (no program reads them)."""
-    expert, pos, real, pair = block_rows(rows_ptr, block_expert_ptr, block_rows_ptr, tl.program_id(0), BLOCK_M)
-    if expert < 0:
-        return
-    token = (pair // top_k).to(tl.int64)
-    dest = pos.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    ok = cols < K
-    x = tl.load(x_ptr + token[:, None] * stride_xm + cols[None, :], mask=real[:, None] & ok[None, :], other=0.0)
-    tl.store(out_ptr + dest[:, None] * stride_om + cols[None, :], x, mask=ok[None, :])
-    g = tl.program_id(1) * (BLOCK_K // _GROUP) + tl.arange(0, BLOCK_K // _GROUP)
-    g_ok = g < groups
-    sc = tl.load(xs_ptr + token[:, None] * stride_xsm + g[None, :] * stride_xsk, mask=real[:, None] & g_ok[None, :],
-                 other=1.0)
-    tl.store(outs_ptr + dest[:, None] * stride_osm + g[None, :] * stride_osk, sc, mask=g_ok[None, :])
-
-
-_ROWS_IN_ORDER_BLOCK_K = 512  # columns a program copies (four 128-groups): 32 KiB of codes at 64 rows
-
-
-def rows_in_grouped_order(xq: torch.Tensor, xs: torch.Tensor, g: ExpertGrouping) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes [rows, K], scales [rows, groups], a K step's scales contiguous) of the grouping's rows
-    in grouped order: row i is its pair's token's row of x (codes xq [T, K], scales xs [T, groups])."""
-    rows, k = g.rows.shape[0], xq.shape[1]
-    groups = triton.cdiv(k, GROUP)
-    out = torch.empty(rows, k, dtype=xq.dtype, device=xq.device)
-    outs = torch.empty(groups, rows, dtype=torch.float32, device=xq.device).t()
-    _rows_in_order_kernel[(g.max_blocks, triton.cdiv(k, _ROWS_IN_ORDER_BLOCK_K))](
-        xq, xs, out, outs, g.rows, g.block_expert, g.block_rows, g.top_k, k, groups,
-        xq.stride(0), xs.stride(0), xs.stride(1), out.stride(0), outs.stride(0), outs.stride(1),
-        BLOCK_M=g.block_m, BLOCK_K=_ROWS_IN_ORDER_BLOCK_K,
-    )
-    return out, outs
 
 
 def _descriptor(t: torch.Tensor, rows: int, use: bool) -> object:
@@ -373,9 +276,6 @@ def gate_up_large(
     h_scale = hs if hs is not None else h
     tma = _tma(tile, fp8, w)
     halves = 2 if hs is not None and 2 * tile.block_n == GROUP else 1
-    if tile.persistent_per_sm and tma and halves == 2 and inter % GROUP == 0 and _tma(tile, fp8, xq):
-        _gate_up_persistent(xq, xs, w, s, h, hs, g, tile)
-        return
     _moe_gate_up_large_kernel[_programs(g, inter, halves * tile.block_n)](
         xq, xs, w, _descriptor(w, tile.block_n, tma), scale, h, h_scale, g.rows, g.block_expert, g.block_rows,
         g.max_blocks, g.top_k, inter, k, two_i,
@@ -386,24 +286,6 @@ def gate_up_large(
         TMA=tma,
         BLOCK_M=g.block_m, BLOCK_N=tile.block_n, BLOCK_K=GROUP, EVEN_K=k % GROUP == 0, GROUP_M=tile.group_m,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )
-
-
-def _gate_up_persistent(xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, s: torch.Tensor, hq: torch.Tensor,
-                        hs: torch.Tensor, g: ExpertGrouping, tile: MoeTile) -> None:
-    """gate_up_large's persistent launch (see the module docstring). The blocks in use are counted on
-    the device (no host sync; one small reduction)."""
-    _, two_i, k = w.shape
-    inter = two_i // 2
-    x_rows, x_scales = rows_in_grouped_order(xq, xs, g)
-    used_blocks = (g.block_expert >= 0).sum(dtype=torch.int32)
-    programs = num_sms(xq.device) * tile.persistent_per_sm
-    _moe_gate_up_persistent_kernel[(programs,)](
-        _descriptor(x_rows, g.block_m, True), x_scales, _descriptor(w, tile.block_n, True), s, hq, hs,
-        g.block_expert, g.block_rows, used_blocks, inter, k, x_scales.stride(0), x_scales.stride(1),
-        s.stride(0), s.stride(1), hq.stride(0), hs.stride(0), hs.stride(1),
-        UP_SCALE_ROW=inter // GROUP, NUM_PROGRAMS=programs, BLOCK_M=g.block_m, BLOCK_N=tile.block_n,
-        BLOCK_K=GROUP, GROUP_M=tile.group_m, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
