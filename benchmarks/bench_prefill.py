@@ -14,8 +14,9 @@ Prints, in one run:
   which backend wins at each token count: the rows REGIMES should hold;
 - the fused MoE at prefill sizes, uniform and skewed routing: the align, and every candidate
   (MOE_CANDIDATES: decode's tokens-narrow kernels, with wider tiles, and the large-M kernels) for
-  gate/up + SwiGLU and down against the ceiling, checked against each other; --moe-only runs just
-  this after the ceiling (benchmarks/moe_session.sh);
+  gate/up + SwiGLU and down against the ceiling and against their roofline (the longer of the
+  FLOPs at the ceiling and the used experts' weights read once at the copy rate), checked against
+  each other; --moe-only runs just this after the ceilings (benchmarks/moe_session.sh);
 - whole prefill steps of the engine (prefill_steps.py) (`--load-format dummy`, the --model config
   with --layers layers if given, Triton/fla backends; a step BxN@P runs after P cached tokens, as a
   long prompt's later chunks do): tokens/s and the ratio to the FLOP roofline (GEMM FLOPs of every
@@ -216,11 +217,19 @@ def moe_routing(t: int, skewed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.rand(t, TOP_K, device=DEV).softmax(-1).to(torch.bfloat16)
 
 
-def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], save: Callable[[], None],
-             match: str = "") -> None:
+def expert_weight_bytes(w: dict[str, torch.Tensor], stage: str, used: int) -> int:
+    """Bytes of one stage's weights and block scales over `used` experts: what a grouped GEMM must read
+    at least once however it tiles."""
+    return used * sum(t[0].numel() * t.element_size() for t in (w[stage], w[f"{stage}_scale"]))
+
+
+def moe_rows(tokens: list[int], ceiling: float, copy: float, rows: list[dict[str, object]],
+             save: Callable[[], None], match: str = "") -> None:
     """Every MoE candidate at every token count, uniform and skewed routing: gate_up (+ SwiGLU, incl.
     quantising x) and down (x routing weight, incl. quantising h unless gate_up did) against the
-    ceiling, on the useful (unpadded) FLOPs; the align; each candidate's output against the first's."""
+    ceiling, on the useful (unpadded) FLOPs; the align; each candidate's output against the first's.
+    Each stage's roofline is the longer of its FLOPs at the ceiling and its used experts' weights
+    read once at the copy rate: below ~256 rows an expert (8K tokens) the weights' bytes bound it."""
     w = fp8_experts()
     for t in tokens:
         x = torch.randn(t, H, device=DEV, dtype=torch.bfloat16)
@@ -228,6 +237,9 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
         flops = {"gate_up": 2 * pairs * H * 2 * I, "down": 2 * pairs * I * H}
         for routing in ("uniform", "skewed"):
             ids, weights = moe_routing(t, routing == "skewed")
+            used = int(torch.unique(ids).numel())
+            floor_us = {stage: max(flops[stage] / ceiling / 1e6, expert_weight_bytes(w, stage, used) / copy / 1e6)
+                        for stage in flops}
             base = {"T": t, "routing": routing, "bucket": rows_bucket(pairs, E)}
             groupings = {}
             first_out = None
@@ -258,9 +270,11 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
                 for stage in ("gate_up", "down"):
                     row[f"{stage} us"] = us[stage]
                     row[f"{stage} vs ceiling"] = tflops(flops[stage], us[stage]) / ceiling
+                    row[f"{stage} vs roofline"] = floor_us[stage] / us[stage]
                 row["us"] = us["gate_up"] + us["down"]
                 row["TFLOP/s"] = tflops(flops["gate_up"] + flops["down"], row["us"])
                 row["vs ceiling"] = row["TFLOP/s"] / ceiling
+                row["vs roofline"] = (floor_us["gate_up"] + floor_us["down"]) / row["us"]
                 rows.append(row)
             h_bf16 = torch.randn(pairs, I, device=DEV, dtype=torch.bfloat16)
             rows.append({**base, "candidate": "quantise h alone (in down's time unless q)",
@@ -268,7 +282,8 @@ def moe_rows(tokens: list[int], ceiling: float, rows: list[dict[str, object]], s
             if first_out is not None:
                 rows.append({**base, "candidate": "combine", "us": median_us(lambda: moe_combine(y, ids, E, x.dtype))})
             print(table([r for r in rows if r["T"] == t and r["routing"] == routing],
-                        f"MoE T={t}, {routing} routing (ceiling {ceiling:.0f} TFLOP/s)"))
+                        f"MoE T={t}, {routing} routing, {used} experts used (ceiling {ceiling:.0f} TFLOP/s, "
+                        f"copy {copy:.2f} TB/s; roofline gate_up {floor_us['gate_up']:.0f} us, down {floor_us['down']:.0f} us)"))
             save()
 
 
@@ -278,13 +293,14 @@ def moe_summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     for key in dict.fromkeys((r["T"], r["routing"], r["bucket"]) for r in rows):
         here = [r for r in rows if (r["T"], r["routing"], r["bucket"]) == key]
         timed = [r for r in here if "vs ceiling" in r]
-        for r in [r for r in here if r["candidate"].startswith("align")] + timed[:1] + (
-                [max(timed, key=lambda r: r["vs ceiling"])] if timed else []):
+        fastest = [max(timed, key=lambda r: r["vs ceiling"])] if timed else []
+        for r in [r for r in here if r["candidate"].startswith("align")] + timed[:1] + [
+                r for r in fastest if r is not timed[0]]:
             fig = f"{r['us']:.1f} us" if isinstance(r["us"], float) else r["us"]
             ratio = "-"
             if "vs ceiling" in r:
                 ratio = (f"{r['vs ceiling']:.2f} (gate_up {r['gate_up vs ceiling']:.2f}, "
-                         f"down {r['down vs ceiling']:.2f}) of ceiling")
+                         f"down {r['down vs ceiling']:.2f}) of ceiling; {r['vs roofline']:.2f} of roofline")
             out.append({"what": f"MoE T={key[0]} {key[1]} (bucket {key[2]}): {r['candidate']}"
                                 + (" [fastest]" if r is not timed[0] and "vs ceiling" in r else ""),
                         "figure": fig, "ratio": ratio})
@@ -344,7 +360,8 @@ def main() -> None:
     if not args.skip_kernels or args.moe_only:
         try:
             out["moe"] = []
-            moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling, out["moe"], save, args.moe_match)
+            moe_rows([int(t) for t in args.moe_tokens.split(",")], ceiling, ceil["copy TB/s"], out["moe"], save,
+                     args.moe_match)
         except Exception:  # noqa: BLE001 - keep the model step's figures even if the MoE bench breaks
             traceback.print_exc()
         save()
