@@ -229,7 +229,8 @@ def moe_rows(tokens: list[int], ceiling: float, copy: float, rows: list[dict[str
     quantising x) and down (x routing weight, incl. quantising h unless gate_up did) against the
     ceiling, on the useful (unpadded) FLOPs; the align; each candidate's output against the first's.
     Each stage's roofline is the longer of its FLOPs at the ceiling and its used experts' weights
-    read once at the copy rate: below ~256 rows an expert (8K tokens) the weights' bytes bound it."""
+    read once at the copy rate: below ~170-200 rows an expert (H200-H100; ~6K tokens at top-8 of 256)
+    the weights' bytes bound it."""
     w = fp8_experts()
     for t in tokens:
         x = torch.randn(t, H, device=DEV, dtype=torch.bfloat16)
