@@ -132,6 +132,25 @@ def test_stages_match_torch(block_m: int, gate_up_tile: dict, down_tile: dict, f
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
+def test_combine_reads_rows_elsewhere_and_weighs_them() -> None:
+    """moe_combine with pair_rows and weights (kernels/moe_deep_gemm.py's output: unweighted rows in
+    grouped order) sums the same as on rows in pair order already weighted, rounded as moe_down's
+    epilogue rounds the product; skipped pairs' rows (garbage here) are never read."""
+    torch.manual_seed(7)
+    ids, weights = _routing()
+    y_own = torch.randn(T * K_TOP, H, device=DEVICE).to(PLAIN)  # each pair's unweighted output, in pair order
+    order = torch.randperm(T * K_TOP + 5, device=DEVICE)[: T * K_TOP]  # each pair's row, with spare rows
+    y = torch.full((T * K_TOP + 5, H), float("nan"), device=DEVICE).to(PLAIN)
+    y[order] = y_own
+    valid = ((ids >= 0) & (ids < E)).flatten()
+    y[order[~valid]] = float("nan")  # a skipped pair's row holds garbage
+    out = moe_combine(y, ids, E, PLAIN, pair_rows=order.to(torch.int32), weights=weights)
+    weighted = (y_own.float() * weights.flatten()[:, None].float()).to(PLAIN)
+    ref = moe_combine(torch.where(valid[:, None], weighted, 0), ids, E, PLAIN)
+    assert torch.equal(out, ref)
+    assert not torch.equal(out, moe_combine(y_own, ids, E, PLAIN)), "the weights must change the sum"
+
+
 # (the gate_up tile that writes h's codes, the tile writing h in bf16 whose quantised h it must match,
 # whether the match is exact on a GPU too)
 CODES_TILES = {

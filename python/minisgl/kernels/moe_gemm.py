@@ -3,7 +3,8 @@
 - `moe_gate_up`: h = silu(x W_gate^T) * (x W_up^T) for each grouped pair, gate and up tiles of the
   same columns in one program so SwiGLU happens in the epilogue; h rows stay in grouped order.
 - `moe_down`: y = p * (h W_down^T) written to the pair's own row t * k + j (p its routing weight).
-- `moe_combine`: out[t] = sum_j y[t * k + j] over the pairs with a valid id, in fp32; optionally
+- `moe_combine`: out[t] = sum_j y[t * k + j] over the pairs with a valid id, in fp32 (or y's rows in
+  another order, each times its routing weight: kernels/moe_deep_gemm.py's output); optionally
   plus the gated shared expert, scale[t] * shared[t], in the same pass (rounded as torch rounds).
 
 FP8: the activations (x, then h) are quantised once per call, per token in 128-groups
@@ -78,19 +79,27 @@ def _moe_down_kernel(
 
 @triton.jit
 def _moe_combine_kernel(
-    y_ptr, ids_ptr, shared_ptr, scale_ptr, residual_ptr, out_ptr, N, num_experts,
+    y_ptr, ids_ptr, rows_ptr, p_ptr, shared_ptr, scale_ptr, residual_ptr, out_ptr, N, num_experts,
     stride_ym, stride_sm, stride_cm, stride_rm, stride_om,
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_DTYPE: tl.constexpr,
+    BLOCK_DTYPE: tl.constexpr, INDIRECT: tl.constexpr, WEIGH: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        e = tl.load(ids_ptr + t * TOP_K + j + tl.zeros_like(rn))  # broadcast: the mask needs a vector
+        pair = t * TOP_K + j + tl.zeros_like(rn)  # broadcast: the mask needs a vector
+        e = tl.load(ids_ptr + pair)
         ok = n_ok & (e >= 0) & (e < num_experts)  # rows of skipped pairs were never written
-        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_ym + rn, mask=ok, other=0.0).to(tl.float32)
+        if INDIRECT:
+            row = tl.load(rows_ptr + pair, mask=ok, other=0).to(tl.int64)
+        else:
+            row = pair
+        y = tl.load(y_ptr + row * stride_ym + rn, mask=ok, other=0.0)
+        if WEIGH:  # times the routing weight, rounded to y's dtype as moe_down's epilogue rounds it
+            y = (tl.load(p_ptr + pair, mask=ok, other=0.0).to(tl.float32) * y.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        acc += y.to(tl.float32)
     if SHARED:
         # torch's `routed + scale * shared` (SharedAddend.add_to): each op exact in fp32, rounded where
         # torch rounds: the routed sum to x's dtype (the shared output's), the product and the sum to
@@ -251,6 +260,8 @@ def moe_combine(
     shared: torch.Tensor | None = None,  # [T, H] in `dtype`: the shared expert's output
     scale: torch.Tensor | None = None,  # [T, 1] any float dtype: its gate, sigmoid(logit) in the logit's dtype
     residual: torch.Tensor | None = None,  # [T, H] any float dtype: the stream the block's output joins
+    pair_rows: torch.Tensor | None = None,  # [T * k] int32: y's row of each pair (default: the pair's own)
+    weights: torch.Tensor | None = None,  # [T, k]: routing weights y is still to be multiplied by
 ) -> torch.Tensor:
     """[T, H]: the sum over each token's valid pairs (zero where a token has none), in `dtype`; with
     `shared`, plus scale * shared, bit for bit torch's `sum + scale * shared` on the rounded sum,
@@ -277,9 +288,12 @@ def moe_combine(
     residual_rows = y if residual is None else residual.contiguous()
     block_n = 1024
     _moe_combine_kernel[(t, triton.cdiv(n, block_n))](
-        y, local_ids.contiguous(), shared, scale, residual_rows, out, n, num_experts,
+        y, local_ids.contiguous(), y if pair_rows is None else pair_rows, y if weights is None else weights.contiguous(),
+        shared, scale,
+        residual_rows, out, n, num_experts,
         y.stride(0), shared.stride(0), scale.stride(0), residual_rows.stride(0), out.stride(0),
         TOP_K=top_k, BLOCK_N=block_n, SHARED=fused, RESIDUAL=residual is not None,
-        BLOCK_DTYPE=TL_DTYPE[block_dtype], enable_fp_fusion=False,
+        BLOCK_DTYPE=TL_DTYPE[block_dtype], INDIRECT=pair_rows is not None, WEIGH=weights is not None,
+        enable_fp_fusion=False,
     )
     return out
