@@ -18,7 +18,7 @@ from minisgl.kernels.fp8_gemm_cublas import ROWS_MULTIPLE  # noqa: E402
 from minisgl.kernels.fp8_quant import quantize_activations  # noqa: E402
 from minisgl.kernels import swiglu_quant  # noqa: E402
 from minisgl.kernels.activations import Activations  # noqa: E402
-from minisgl.kernels.swiglu_quant import swiglu_quantised  # noqa: E402
+from minisgl.kernels.swiglu_quant import swiglu_codes, swiglu_quantised  # noqa: E402
 from minisgl.layers.row_stack import layer_outputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -48,6 +48,17 @@ def test_matches_torch_bit_for_bit(t: int, inter: int, dtype: torch.dtype) -> No
     assert q.shape == ref_q.shape and s.shape == ref_s.shape  # padded rows as Activations.fp8 pads
     assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8))
     assert torch.equal(s[:t], ref_s[:t])
+
+
+@pytest.mark.parametrize("t", [5, 600])
+def test_codes_alone_are_the_same_codes(t: int) -> None:
+    """swiglu_codes (DeepGEMM's MoE path: h itself unwritten) gives swiglu_quantised's codes and scales."""
+    torch.manual_seed(t)
+    gu = _gate_up(t, 384, torch.bfloat16)
+    q, s = swiglu_codes(gu)
+    ref_q, ref_s = swiglu_quantised(gu).fp8()
+    assert q.shape == ref_q.shape and s.shape == ref_s.shape and s.stride() == ref_s.stride()
+    assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8)) and torch.equal(s[:t], ref_s[:t])
 
 
 def test_leading_dims_are_kept() -> None:

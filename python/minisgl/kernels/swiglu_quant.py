@@ -38,12 +38,14 @@ def _silu_mul(g, u, DTYPE: tl.constexpr, ACCURATE_EXP: tl.constexpr):
 def _swiglu_quant_kernel(
     gu_ptr, h_ptr, q_ptr, s_ptr, M, I, stride_gm, stride_hm, stride_qm, stride_sg,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+    STORE_H: tl.constexpr,
 ):
     rows, group, cols, ok, r64 = group_tile(M, I, ROWS, BLOCK)
     g = tl.load(gu_ptr + r64 * stride_gm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + r64 * stride_gm + I + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    h = _silu_mul(g, u, h_ptr.dtype.element_ty, ACCURATE_EXP)  # masked columns: silu(0) * 0 = 0
-    tl.store(h_ptr + r64 * stride_hm + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
+    h = _silu_mul(g, u, gu_ptr.dtype.element_ty, ACCURATE_EXP)  # masked columns: silu(0) * 0 = 0
+    if STORE_H:
+        tl.store(h_ptr + r64 * stride_hm + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
     store_quantised(h, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, stride_sg, FP8_MAX)
 
 
@@ -51,6 +53,17 @@ def swiglu_quantised(gate_up: torch.Tensor) -> Activations:
     """gate_up [..., 2I] (gate's columns, then up's) -> Activations of h = silu(gate) * up [..., I]
     holding h and its FP8 codes and scales as Activations.fp8 would make them (rows padded for
     cuBLAS), so an FP8 layer reading it quantises nothing."""
+    h, q, s = _swiglu(gate_up, store_h=True)
+    return Activations.quantised(h.view(*gate_up.shape[:-1], h.shape[-1]), q, s)
+
+
+def swiglu_codes(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate_up [M, 2I] -> the FP8 codes and scales of h alone (swiglu_quantised's, without writing h)."""
+    _, q, s = _swiglu(gate_up, store_h=False)
+    return q, s
+
+
+def _swiglu(gate_up: torch.Tensor, store_h: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"swiglu_quantised: gate_up's last dim {two_i} is not gate's and up's")
@@ -58,12 +71,12 @@ def swiglu_quantised(gate_up: torch.Tensor) -> Activations:
     if gu.stride(1) != 1:
         gu = gu.contiguous()
     m, inter = gu.shape[0], two_i // 2
-    h = torch.empty(m, inter, dtype=gu.dtype, device=gu.device)
+    h = torch.empty(m if store_h else 0, inter, dtype=gu.dtype, device=gu.device)
     q, s = quantised_outputs(m, inter, ROWS_MULTIPLE, gu.device)
     if m:
         rows = tile_rows(m)
         _swiglu_quant_kernel[(triton.cdiv(m, rows), triton.cdiv(inter, GROUP))](
             gu, h, q, s, m, inter, gu.stride(0), h.stride(0), q.stride(0), s.stride(0),
-            ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX, ACCURATE_EXP=gu.is_cuda,
+            ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX, ACCURATE_EXP=gu.is_cuda, STORE_H=store_h,
         )
-    return Activations.quantised(h.view(*gate_up.shape[:-1], inter), q, s.t())
+    return h, q, s.t()
