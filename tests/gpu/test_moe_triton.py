@@ -23,6 +23,8 @@ Tolerances, as max |err| / max |ref| over the [T, H] output:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,7 @@ from minisgl.kernels.fp8_quant import _quantize_groups_kernel
 from minisgl.kernels.moe_align import align_experts
 from minisgl.kernels.moe_gemm import regime, rows_bucket
 from minisgl.layers.fp8 import FP8_DTYPE, cdiv, dequantize_block_fp8, dequantize_gate_up, quantize_block_fp8
+from minisgl.kernels.moe_deep_gemm import unavailable_reason, worth_it
 from minisgl.moe.triton_experts import TritonExperts
 
 pytestmark = pytest.mark.gpu
@@ -207,17 +210,48 @@ def test_align_groups_every_valid_pair_once(t: int, k: int, e: int, skewed: bool
         assert seen == sorted(seen, key=lambda p: (flat[p], p)), "the split path: rows in pair order"
 
 
-@pytest.mark.parametrize("t", [48, 4096], ids=["decode kernels", "prefill kernels, TMA"])
-def test_graph_replay_matches_eager(t: int) -> None:
+def _deep_gemm_experts() -> TritonExperts:
+    """The deep_gemm backend, or the test skipped with why it cannot run here."""
+    reason = unavailable_reason(torch.device(DEVICE))
+    if reason is not None:
+        pytest.skip(reason)
+    from minisgl.moe.deep_gemm_experts import DeepGemmExperts
+
+    return DeepGemmExperts()
+
+
+@pytest.mark.parametrize("t,e,k,h,i", [(2048, 64, 8, 3072, 1024), (1000, 6, 3, 384, 256)])
+def test_deep_gemm_experts_match_torch(t: int, e: int, k: int, h: int, i: int) -> None:
+    """The deep_gemm backend's prefill path (DeepGEMM's grouped GEMMs, SwiGLU and h's codes in one
+    pass between them, the combine weighing rows read through pair_rows) under the FP8 bounds above:
+    its h is also rounded to bf16 and quantised again between the GEMMs."""
+    experts = _deep_gemm_experts()
+    torch.manual_seed(t + e + k)
+    gate_up, gate_up_scale = _gate_up(e, h, i, True)
+    down, down_scale = _random_weight(e, h, i, fp8=True)
+    x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
+    ids, weights = _routing(t, e, k)
+    assert worth_it(ids.numel(), e, x, gate_up), "the shape must take DeepGEMM's path"
+    poison_allocator()
+    out = experts.forward(x, gate_up, down, ids, weights, gate_up_scale, down_scale)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    _assert_matches_reference(out, (x, gate_up, down, ids, weights, gate_up_scale, down_scale), True)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("t,backend", [(48, TritonExperts), (4096, TritonExperts), (8192, _deep_gemm_experts)],
+                         ids=["decode kernels", "prefill kernels, TMA", "prefill on DeepGEMM"])
+def test_graph_replay_matches_eager(t: int, backend: Callable[[], TritonExperts]) -> None:
     """A captured step replays on fresh inputs and routing as it runs eagerly: at 4096 tokens the
-    large-M kernels, whose TMA descriptors (kernel arguments, by value) are captured with it."""
+    large-M kernels, whose TMA descriptors (kernel arguments, by value) are captured with it; at
+    8192 DeepGEMM's, built on the host at each call and captured the same way."""
+    experts = backend()
     torch.manual_seed(5)
     e, k, h, i = 256, 8, 3072, 1024
     gate_up, gs = _gate_up(e, h, i, True)
     down, ds = _random_weight(e, h, i, fp8=True)
     x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
     ids, weights = _routing(t, e, k)
-    experts = TritonExperts()
     run = lambda: experts.forward(x, gate_up, down, ids, weights, gs, ds)  # noqa: E731
     graph, out = captured(run)
     x.copy_(torch.randn_like(x))  # fresh inputs and routing, replayed through the same buffers

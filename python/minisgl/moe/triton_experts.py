@@ -41,10 +41,19 @@ class TritonExperts:
             out = torch.empty_like(x)
             out = out if shared is None else shared.add_to(out)
             return out if residual is None else residual + out
+        y, pair_rows, pending = self.expert_rows(xin, gate_up_proj, down_proj, local_ids, weights, gate_up_scale,
+                                                 down_scale, grouping)
+        shared_out, scale = (None, None) if shared is None else (shared.out, shared.scale())
+        return moe_combine(y, local_ids, gate_up_proj.shape[0], x.dtype, shared_out, scale, residual, pair_rows, pending)
+
+    def expert_rows(
+        self, x: Activations, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, local_ids: torch.Tensor,
+        weights: torch.Tensor, gate_up_scale: torch.Tensor | None, down_scale: torch.Tensor | None,
+        grouping: ExpertGrouping | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(y: each routed pair's expert output; y's row of each pair, None when it is the pair's own
+        t * k + j; the routing weights y still needs, None when it has them) for moe_combine."""
         num_experts = gate_up_proj.shape[0]
         g = grouping or align_experts(local_ids, num_experts, regime(local_ids.numel(), num_experts).block_m)
-        h = moe_gate_up(xin, gate_up_proj, gate_up_scale, g)
-        y = moe_down(h, down_proj, down_scale, weights, g)
-        if shared is None:
-            return moe_combine(y, local_ids, num_experts, x.dtype, residual=residual)
-        return moe_combine(y, local_ids, num_experts, x.dtype, shared.out, shared.scale(), residual)
+        h = moe_gate_up(x, gate_up_proj, gate_up_scale, g)
+        return moe_down(h, down_proj, down_scale, weights, g), None, None
