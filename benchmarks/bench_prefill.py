@@ -281,6 +281,12 @@ def moe_rows(tokens: list[int], ceiling: float, copy: float, rows: list[dict[str
                 row["vs ceiling"] = row["TFLOP/s"] / ceiling
                 row["vs roofline"] = (floor_us["gate_up"] + floor_us["down"]) / row["us"]
                 rows.append(row)
+            for backend, experts in experts_backends():
+                us = median_us(lambda experts=experts: experts.forward(
+                    x, w["gate_up"], w["down"], ids, weights, w["gate_up_scale"], w["down_scale"]), warmup_ms=5, rep_ms=25)
+                rows.append({**base, "candidate": f"{WHOLE_CALL} on the {backend} backend", "us": us,
+                             "vs ceiling": tflops(flops["gate_up"] + flops["down"], us) / ceiling,
+                             "vs roofline": (floor_us["gate_up"] + floor_us["down"]) / us})
             h_bf16 = torch.randn(pairs, I, device=DEV, dtype=torch.bfloat16)
             rows.append({**base, "candidate": "quantise h alone (in down's time unless q)",
                          "us": median_us(lambda: quantize_activations(h_bf16))})
@@ -292,12 +298,25 @@ def moe_rows(tokens: list[int], ceiling: float, copy: float, rows: list[dict[str
             save()
 
 
+WHOLE_CALL = "the whole routed experts' call (align, x's codes, GEMMs, combine)"
+
+
+def experts_backends() -> list[tuple[str, object]]:
+    """The MoE backends to time whole: triton, and deep_gemm where it runs."""
+    from minisgl.kernels.moe_deep_gemm import unavailable_reason
+    from minisgl.moe.registry import MOE_BACKENDS
+
+    names = ["triton"] + (["deep_gemm"] if unavailable_reason(torch.device(DEV)) is None else [])
+    return [(name, MOE_BACKENDS.get(name)()) for name in names]
+
+
 def moe_summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Per token count and routing: the regime's figures and the fastest candidate (REGIMES' choice)."""
     out = []
     for key in dict.fromkeys((r["T"], r["routing"], r["bucket"]) for r in rows):
         here = [r for r in rows if (r["T"], r["routing"], r["bucket"]) == key]
-        timed = [r for r in here if "vs ceiling" in r]
+        whole = [r for r in here if r["candidate"].startswith(WHOLE_CALL)]
+        timed = [r for r in here if "vs ceiling" in r and r not in whole]
         fastest = [max(timed, key=lambda r: r["vs ceiling"])] if timed else []
         for r in [r for r in here if r["candidate"].startswith("align")] + timed[:1] + [
                 r for r in fastest if r is not timed[0]]:
@@ -311,6 +330,8 @@ def moe_summary(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             out.append({"what": f"MoE T={key[0]} {key[1]} (bucket {key[2]}): {r['candidate']}"
                                 + (" [fastest]" if r is not timed[0] and "vs ceiling" in r else ""),
                         "figure": fig, "ratio": ratio})
+        out += [{"what": f"MoE T={key[0]} {key[1]}: {r['candidate']}", "figure": f"{r['us']:.1f} us",
+                 "ratio": f"{r['vs ceiling']:.2f} of ceiling; {r['vs roofline']:.2f} of roofline"} for r in whole]
     return out
 
 
@@ -336,6 +357,7 @@ def main() -> None:
                          "memory than the engine's planner reserves for")
     ap.add_argument("--lone-prompts-whole", action="store_true",
                     help="also time each step with lone prompts run whole, not as halves (prefill_groups.prefill_calls)")
+    ap.add_argument("--moe-backend", default="auto", help="the engine steps' --moe-backend")
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--skip-model", action="store_true")
     ap.add_argument("--moe-only", action="store_true", help="the ceiling and the MoE candidates only")
@@ -379,7 +401,8 @@ def main() -> None:
         out["model"], out["decode"], out["profile"] = model_rows(args.model, args.layers, steps, decode_batches, ceiling,
                                                                  ceil["copy TB/s"], mixed, args.piecewise_max_tokens,
                                                                  [int(v) for v in args.gdn_group_tokens.split(",") if v],
-                                                                 (True, False) if args.lone_prompts_whole else (True,))
+                                                                 (True, False) if args.lone_prompts_whole else (True,),
+                                                                 args.moe_backend)
         print(out["profile"])
         save()
     print(table([out["ceilings"]], "Ceilings (this run)"))

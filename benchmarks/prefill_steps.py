@@ -209,7 +209,8 @@ def host_profile(engine, batch) -> str:  # noqa: ANN001
 
 
 def step_engine(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: Sequence[int] = (),
-                mixed: Sequence[tuple[int, int]] = (), piecewise_max_tokens: int | None = None):  # noqa: ANN201
+                mixed: Sequence[tuple[int, int]] = (), piecewise_max_tokens: int | None = None,
+                moe_backend: str = "auto"):  # noqa: ANN201
     """An engine on dummy FP8 weights of the known config `model` (cut to `layers` layers if given),
     its pool sized for the steps, the decode batches at 1K context and the mixed steps, with no
     warm-up ladder (minutes at 48 layers): each caller runs its steps once untimed first."""
@@ -234,9 +235,9 @@ def step_engine(model: str, layers: int | None, steps: list[PrefillStep], decode
                                max_running_requests=slots_needed, num_pages=pages,
                                cuda_graph_max_bs=max(decode_batches + [d for _, d in mixed] or [1]),
                                disable_cuda_graph=not (decode_batches or mixed or piecewise_max_tokens),
-                               piecewise_cuda_graph_max_tokens=piecewise_max_tokens)),
+                               piecewise_cuda_graph_max_tokens=piecewise_max_tokens, moe_backend=moe_backend)),
                     warm_up=False)
-    print(f"engine: {model}, {engine.config.num_layers} layers, "
+    print(f"engine: {model}, {engine.config.num_layers} layers, MoE backend {moe_backend}, "
           f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB allocated")
     return engine
 
@@ -253,7 +254,7 @@ def allocate_step(engine, step: PrefillStep) -> tuple[list[int], list[list[int]]
 
 def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_batches: list[int], ceiling: float,
                copy: float, mixed: list[tuple[int, int]], piecewise_max_tokens: int | None = None,
-               group_tokens: Sequence[int] = (), halves: Sequence[bool] = (True,),
+               group_tokens: Sequence[int] = (), halves: Sequence[bool] = (True,), moe_backend: str = "auto",
                ) -> tuple[list[dict[str, object]], list[dict[str, object]], str]:
     """Prefill steps of the engine (with each of group_tokens as the GDN rule's group bound, or the
     engine's own; lone prompts as halves or whole, for each of `halves`), then (same engine, CUDA
@@ -262,7 +263,7 @@ def model_rows(model: str, layers: int | None, steps: list[PrefillStep], decode_
     from bench_decode import decode_batch, profile_step, step_bytes, time_steps, touched_experts
     from minisgl import prefill_groups
 
-    engine = step_engine(model, layers, steps, decode_batches, mixed, piecewise_max_tokens)
+    engine = step_engine(model, layers, steps, decode_batches, mixed, piecewise_max_tokens, moe_backend)
     layers = engine.config.num_layers
     rows, prof = [], ""
     for step in steps:
