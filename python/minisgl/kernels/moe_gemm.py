@@ -95,7 +95,7 @@ def _moe_combine_kernel(
         if INDIRECT:
             row = tl.load(rows_ptr + pair, mask=ok, other=0).to(tl.int64)
         else:
-            row = pair
+            row = t * TOP_K + j  # a scalar: the address arithmetic decode's combine always had
         y = tl.load(y_ptr + row * stride_ym + rn, mask=ok, other=0.0)
         if WEIGH:  # times the routing weight, rounded to y's dtype as moe_down's epilogue rounds it
             y = (tl.load(p_ptr + pair, mask=ok, other=0.0).to(tl.float32) * y.to(tl.float32)).to(y_ptr.dtype.element_ty)
