@@ -220,7 +220,7 @@ def _deep_gemm_experts() -> TritonExperts:
     return DeepGemmExperts()
 
 
-@pytest.mark.parametrize("t,e,k,h,i", [(2048, 64, 8, 3072, 1024), (1000, 6, 3, 384, 256)])
+@pytest.mark.parametrize("t,e,k,h,i", [(4096, 64, 8, 3072, 1024), (1100, 6, 3, 384, 256)])
 def test_deep_gemm_experts_match_torch(t: int, e: int, k: int, h: int, i: int) -> None:
     """The deep_gemm backend's prefill path (DeepGEMM's grouped GEMMs, SwiGLU and h's codes in one
     pass between them, the combine weighing rows read through pair_rows) under the FP8 bounds above:
@@ -239,12 +239,12 @@ def test_deep_gemm_experts_match_torch(t: int, e: int, k: int, h: int, i: int) -
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
 
-@pytest.mark.parametrize("t,backend", [(48, TritonExperts), (4096, TritonExperts), (8192, _deep_gemm_experts)],
+@pytest.mark.parametrize("t,backend", [(48, TritonExperts), (4096, TritonExperts), (16384, _deep_gemm_experts)],
                          ids=["decode kernels", "prefill kernels, TMA", "prefill on DeepGEMM"])
 def test_graph_replay_matches_eager(t: int, backend: Callable[[], TritonExperts]) -> None:
     """A captured step replays on fresh inputs and routing as it runs eagerly: at 4096 tokens the
     large-M kernels, whose TMA descriptors (kernel arguments, by value) are captured with it; at
-    8192 DeepGEMM's, built on the host at each call and captured the same way."""
+    16384 DeepGEMM's, built on the host at each call and captured the same way."""
     experts = backend()
     torch.manual_seed(5)
     e, k, h, i = 256, 8, 3072, 1024
@@ -252,6 +252,7 @@ def test_graph_replay_matches_eager(t: int, backend: Callable[[], TritonExperts]
     down, ds = _random_weight(e, h, i, fp8=True)
     x = torch.randn(t, h, dtype=torch.bfloat16, device=DEVICE)
     ids, weights = _routing(t, e, k)
+    assert (backend is TritonExperts) != worth_it(ids.numel(), e, x, gate_up), "the case must take its path"
     run = lambda: experts.forward(x, gate_up, down, ids, weights, gs, ds)  # noqa: E731
     graph, out = captured(run)
     x.copy_(torch.randn_like(x))  # fresh inputs and routing, replayed through the same buffers
