@@ -19,6 +19,9 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Distributions whose module name differs, for optional packages a CPU machine may not have
 # installed to ask (triton, matplotlib and the like are asked by their module's name).
 MODULE_OWNERS = {"fla": "flash-linear-attention"}
+# Optional modules that no pip requirement can provide, each with the script that installs it
+# (PyPI's deep-gemm is an incomplete sdist: the script takes DeepGEMM out of vLLM's wheel).
+SCRIPT_INSTALLED = {"deep_gemm": "scripts/quickstart/install_deep_gemm.sh"}
 
 
 def _imported_modules() -> set[str]:
@@ -41,11 +44,17 @@ def test_every_import_is_declared() -> None:
     declared |= {_name(r) for extra in PROJECT["optional-dependencies"].values() for r in extra}
     owners = importlib.metadata.packages_distributions()
     missing = {}
-    for mod in _imported_modules():
+    for mod in _imported_modules() - set(SCRIPT_INSTALLED):
         dists = owners.get(mod) or [MODULE_OWNERS.get(mod, mod)]
         if not any(_name(d) in declared for d in dists):
             missing[mod] = dists
     assert not missing, f"imported but not in pyproject.toml: {missing}"
+
+
+@pytest.mark.parametrize("module,script", sorted(SCRIPT_INSTALLED.items()))
+def test_script_installed_modules_have_their_script(module: str, script: str) -> None:
+    assert module in _imported_modules(), f"{module} is no longer imported: drop it from SCRIPT_INSTALLED"
+    assert f"as `{module}`" in (ROOT / script).read_text(), f"{script} does not install {module}"
 
 
 def test_wheel_metadata() -> None:
