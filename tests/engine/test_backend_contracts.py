@@ -73,3 +73,16 @@ def test_deep_gemm_refuses_to_build_where_it_cannot_run() -> None:
         pytest.skip("DeepGEMM runs here")
     with pytest.raises(RuntimeError, match=f"--moe-backend deep_gemm: {reason}"):
         DeepGemmExperts()
+
+
+def test_a_backend_without_the_flag_breaks_the_contract() -> None:
+    class NoFlag:
+        def forward(self, *args: object) -> None: ...
+
+    assert not isinstance(NoFlag(), AttentionBackend)
+
+
+def test_the_torch_references_are_not_captured_in_graphs() -> None:
+    """Both loop on the host over per-step lengths or routed experts; the GDN reference does not."""
+    backends = BackendNames("torch", "torch", "torch").build()
+    assert backends.graph_unsafe() == ["TorchAttentionBackend", "TorchExperts"]
