@@ -28,8 +28,9 @@ from minisgl.kernels.swiglu_quant import swiglu_codes
 
 BLOCK_M = 128  # DeepGEMM's row alignment for the contiguous layout on Hopper
 # The whole routed call on the 122B's shapes (H100, bench_prefill.py --moe-only): 0.91x the Triton
-# path's time at 512 rows an expert (16K tokens at top-8 of 256 experts), 1.08x at 256: below 512
-# the gather of x's rows, the SwiGLU pass and the blocks padded to 128 rows cost more than it saves.
+# path's time at 512 rows an expert (16K tokens at top-8 of 256 experts; 0.89x once h was no longer
+# written), 1.08x at 256: below 512 the gather of x's rows, the SwiGLU pass and the blocks padded to
+# 128 rows cost more than DeepGEMM saves.
 MIN_ROWS_PER_EXPERT = 512
 
 
