@@ -7,7 +7,7 @@ Triton kernels (docs/benchmarks.md, thirty-fourth session).
 DeepGEMM reads A's rows contiguous, each expert's in whole BLOCK_M-row blocks, and names each row's
 expert (-1 on padding rows). So:
 1. the grouping (moe_align) at BLOCK_M rows a block gives the order; x's FP8 codes and scales are
-   gathered into it;
+   moved into it, each token's row read once (kernels/moe_grouped_codes.py);
 2. gate_up: [M, 2I] in the activations' dtype, rows in grouped order;
 3. SwiGLU and h's FP8 quantisation in one pass, h itself not written (kernels/swiglu_quant.py);
 4. down: [M, H], unweighted;
@@ -24,6 +24,7 @@ import torch
 
 from minisgl.kernels.activations import Activations
 from minisgl.kernels.moe_align import align_experts
+from minisgl.kernels.moe_grouped_codes import grouped_codes
 from minisgl.kernels.swiglu_quant import swiglu_codes
 
 BLOCK_M = 128  # DeepGEMM's row alignment for the contiguous layout on Hopper
@@ -78,19 +79,9 @@ def routed_experts(
     local_ids: torch.Tensor,  # [T, k]; ids outside [0, E) are skipped
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [M, H]: each routed pair's expert output, unweighted, rows in grouped order; pair_rows
-    [T * k] int32: y's row of each pair, meaningless for skipped pairs)."""
-    t, k = local_ids.shape
+    [T * k] int32: y's row of each pair, -1 for skipped pairs)."""
     g = align_experts(local_ids, gate_up.shape[0], BLOCK_M)
-    real = (torch.arange(BLOCK_M, device=g.rows.device)[None, :] < g.block_rows[:, None]).flatten()
-    rows_expert = torch.where(real.view(-1, BLOCK_M), g.block_expert[:, None], -1).flatten()
-    pair = torch.where(real, g.rows, t * k)  # padding rows (garbage in g.rows) to a spare slot
-    codes, scales = x.fp8()
-    token = torch.where(real, g.rows // k, 0)
-    a_codes = codes.view(torch.uint8).index_select(0, token).view(codes.dtype)
-    a_scales = scales.t().index_select(1, token).t()  # token-major, as DeepGEMM reads them on Hopper
+    a, row_expert, pair_rows = grouped_codes(*x.fp8(), g, local_ids.shape[0])
     # M is a multiple of BLOCK_M: h's codes have no padding rows
-    h = swiglu_codes(_gemm((a_codes, a_scales), gate_up, gate_up_scale, rows_expert, x.x.dtype))
-    y = _gemm(h, down, down_scale, rows_expert, x.x.dtype)
-    order = torch.arange(real.numel(), dtype=torch.int32, device=real.device)
-    pair_rows = torch.empty(t * k + 1, dtype=torch.int32, device=real.device).scatter_(0, pair.long(), order)
-    return y, pair_rows[: t * k]
+    h = swiglu_codes(_gemm(a, gate_up, gate_up_scale, row_expert, x.x.dtype))
+    return _gemm(h, down, down_scale, row_expert, x.x.dtype), pair_rows
