@@ -61,6 +61,27 @@ def test_codes_alone_are_the_same_codes(t: int) -> None:
     assert torch.equal(q[:t].view(torch.uint8), ref_q[:t].view(torch.uint8)) and torch.equal(s[:t], ref_s[:t])
 
 
+def test_padding_rows_are_skipped_and_the_rest_unchanged() -> None:
+    """With a grouped GEMM's row_expert, the real rows' codes and scales are swiglu_quantised's, and
+    the padding rows, large here, are not read: their scales are the masked zeros' (1), not those of
+    the large values that reading them gives."""
+    torch.manual_seed(7)
+    t = 640
+    gu = _gate_up(t, 384, torch.bfloat16)
+    row_expert = torch.randint(0, 4, (t,), dtype=torch.int32, device=DEVICE)
+    row_expert[100:128] = -1
+    row_expert[500:] = -1
+    padding = row_expert < 0
+    ref_q, ref_s = swiglu_quantised(gu).fp8()
+    gu[padding] = 1000.0  # h = 1e6: scales ~2.2e3
+    q, s = swiglu_codes(gu, row_expert)
+    real = ~padding
+    assert torch.equal(q[:t][real].view(torch.uint8), ref_q[:t][real].view(torch.uint8))
+    assert torch.equal(s[:t][real], ref_s[:t][real])
+    assert (s[:t][padding] == 1).all()  # an all-zero group's scale
+    assert (swiglu_codes(gu)[1][:t][padding] > 1000).all()  # read, the rows give their own scales
+
+
 def test_leading_dims_are_kept() -> None:
     gu = _gate_up(12, 256, torch.bfloat16).view(3, 4, 512)
     acts = swiglu_quantised(gu)

@@ -9,7 +9,8 @@ expert (-1 on padding rows). So:
 1. the grouping (moe_align) at BLOCK_M rows a block gives the order; x's FP8 codes and scales are
    moved into it, each token's row read once (kernels/moe_grouped_codes.py);
 2. gate_up: [M, 2I] in the activations' dtype, rows in grouped order;
-3. SwiGLU and h's FP8 quantisation in one pass, h itself not written (kernels/swiglu_quant.py);
+3. SwiGLU and h's FP8 quantisation in one pass over the real rows, h itself not written
+   (kernels/swiglu_quant.py);
 4. down: [M, H], unweighted;
 5. moe_combine reads each pair's row through `pair_rows` and multiplies its routing weight.
 Every size comes from T * k and the block table stays on the device: nothing syncs, and CUDA graphs
@@ -82,6 +83,6 @@ def routed_experts(
     [T * k] int32: y's row of each pair, -1 for skipped pairs)."""
     g = align_experts(local_ids, gate_up.shape[0], BLOCK_M)
     a, row_expert, pair_rows = grouped_codes(*x.fp8(), g, local_ids.shape[0])
-    # M is a multiple of BLOCK_M: h's codes have no padding rows
-    h = swiglu_codes(_gemm(a, gate_up, gate_up_scale, row_expert, x.x.dtype))
+    # M is a multiple of BLOCK_M: h's codes have no padding rows past M
+    h = swiglu_codes(_gemm(a, gate_up, gate_up_scale, row_expert, x.x.dtype), row_expert)
     return _gemm(h, down, down_scale, row_expert, x.x.dtype), pair_rows
