@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}  # kept: e.g. a directory holding deep_gemm
 fi
 export PYTHONPATH="$PWD/python:${PYTHONPATH:-}"
 export PYTHONUNBUFFERED=1
