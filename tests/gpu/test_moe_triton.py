@@ -222,9 +222,10 @@ def _deep_gemm_experts() -> TritonExperts:
 
 @pytest.mark.parametrize("t,e,k,h,i", [(4096, 64, 8, 3072, 1024), (1100, 6, 3, 384, 256)])
 def test_deep_gemm_experts_match_torch(t: int, e: int, k: int, h: int, i: int) -> None:
-    """The deep_gemm backend's prefill path (DeepGEMM's grouped GEMMs, SwiGLU and h's codes in one
-    pass between them, the combine weighing rows read through pair_rows) under the FP8 bounds above:
-    its h is also rounded to bf16 and quantised again between the GEMMs."""
+    """The deep_gemm backend's prefill path (x's codes moved into grouped order, DeepGEMM's grouped
+    GEMMs, SwiGLU by the Triton MoE's rule and h's codes in one pass over the real rows between them,
+    the combine weighing rows read through pair_rows) under the FP8 bounds above: its gate_up output
+    is also rounded to bf16 before SwiGLU."""
     experts = _deep_gemm_experts()
     torch.manual_seed(t + e + k)
     gate_up, gate_up_scale = _gate_up(e, h, i, True)

@@ -82,6 +82,24 @@ def test_padding_rows_are_skipped_and_the_rest_unchanged() -> None:
     assert (swiglu_codes(gu)[1][:t][padding] > 1000).all()  # read, the rows give their own scales
 
 
+def test_fast_rule_codes_hold_h_within_fp8_rounding() -> None:
+    """Without torch's rounding (fp32 g * sigmoid(g) * u, fast exp and division), the dequantised
+    codes are h, computed in fp64 from the same bf16 gate and up, within FP8's rounding: half a step
+    of e4m3 (2^-4 of the value, normal; 2^-10 of the group's scale, subnormal) plus 2^-8 of the value
+    for the fast exp and division. torch's rounding meets the same bound (its h rounds to bf16 first)."""
+    torch.manual_seed(11)
+    t, inter = 600, 384
+    gu = _gate_up(t, inter, torch.bfloat16)
+    g, u = gu[:, :inter].double(), gu[:, inter:].double()
+    h = g * torch.sigmoid(g) * u
+    for torch_rounding in (False, True):
+        q, s = swiglu_codes(gu, torch_rounding=torch_rounding)
+        scale = s[:t].repeat_interleave(128, dim=1)[:, :inter].double()
+        deq = q[:t].double() * scale
+        bound = h.abs() * (2**-4 + 2**-8) + scale * 2**-10
+        assert ((deq - h).abs() <= bound).all(), torch_rounding
+
+
 def test_leading_dims_are_kept() -> None:
     gu = _gate_up(12, 256, torch.bfloat16).view(3, 4, 512)
     acts = swiglu_quantised(gu)

@@ -9,8 +9,8 @@ expert (-1 on padding rows). So:
 1. the grouping (moe_align) at BLOCK_M rows a block gives the order; x's FP8 codes and scales are
    moved into it, each token's row read once (kernels/moe_grouped_codes.py);
 2. gate_up: [M, 2I] in the activations' dtype, rows in grouped order;
-3. SwiGLU and h's FP8 quantisation in one pass over the real rows, h itself not written
-   (kernels/swiglu_quant.py);
+3. SwiGLU (the Triton MoE's rule) and h's FP8 quantisation in one pass over the real rows, h itself
+   not written (kernels/swiglu_quant.py);
 4. down: [M, H], unweighted;
 5. moe_combine reads each pair's row through `pair_rows` and multiplies its routing weight.
 Every size comes from T * k and the block table stays on the device: nothing syncs, and CUDA graphs
@@ -29,10 +29,10 @@ from minisgl.kernels.moe_grouped_codes import grouped_codes
 from minisgl.kernels.swiglu_quant import swiglu_codes
 
 BLOCK_M = 128  # DeepGEMM's row alignment for the contiguous layout on Hopper
-# The whole routed call on the 122B's shapes (H100, bench_prefill.py --moe-only): 0.91x the Triton
-# path's time at 512 rows an expert (16K tokens at top-8 of 256 experts; 0.89x once h was no longer
-# written), 1.08x at 256: below 512 the gather of x's rows, the SwiGLU pass and the blocks padded to
-# 128 rows cost more than DeepGEMM saves.
+# The whole routed call on the 122B's shapes against the Triton path's: 0.83x at 512 rows an expert
+# (16K tokens at top-8 of 256 experts; H200), 1.02x at 256 (H100, before SwiGLU's fast rule): below
+# 512 the rows' move into grouped order, the SwiGLU pass and the blocks padded to 128 rows cost about
+# what DeepGEMM saves. On the 35B's shapes (H 2048, I 512) it was 1.00x at 512 (H100, before the fast rule).
 MIN_ROWS_PER_EXPERT = 512
 
 
@@ -84,5 +84,5 @@ def routed_experts(
     g = align_experts(local_ids, gate_up.shape[0], BLOCK_M)
     a, row_expert, pair_rows = grouped_codes(*x.fp8(), g, local_ids.shape[0])
     # M is a multiple of BLOCK_M: h's codes have no padding rows past M
-    h = swiglu_codes(_gemm(a, gate_up, gate_up_scale, row_expert, x.x.dtype), row_expert)
+    h = swiglu_codes(_gemm(a, gate_up, gate_up_scale, row_expert, x.x.dtype), row_expert, torch_rounding=False)
     return _gemm(h, down, down_scale, row_expert, x.x.dtype), pair_rows

@@ -38,14 +38,17 @@ def _silu_mul(g, u, DTYPE: tl.constexpr, ACCURATE_EXP: tl.constexpr):
 def _swiglu_quant_kernel(
     gu_ptr, h_ptr, q_ptr, s_ptr, row_expert_ptr, M, I, stride_gm, stride_hm, stride_qm, stride_sg,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-    STORE_H: tl.constexpr, SKIP_PADDING: tl.constexpr,
+    STORE_H: tl.constexpr, SKIP_PADDING: tl.constexpr, TORCH_ROUNDING: tl.constexpr,
 ):
     rows, group, cols, ok, r64 = group_tile(M, I, ROWS, BLOCK)
     if SKIP_PADDING:  # masked loads and stores move no bytes
         ok = ok & (tl.load(row_expert_ptr + rows, mask=rows < M, other=-1) >= 0)[:, None]
     g = tl.load(gu_ptr + r64 * stride_gm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + r64 * stride_gm + I + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    h = _silu_mul(g, u, gu_ptr.dtype.element_ty, ACCURATE_EXP)  # masked columns: silu(0) * 0 = 0
+    if TORCH_ROUNDING:
+        h = _silu_mul(g, u, gu_ptr.dtype.element_ty, ACCURATE_EXP)  # masked columns: silu(0) * 0 = 0
+    else:  # the Triton MoE's epilogue rule: fp32 throughout, fast exp and division
+        h = g * tl.sigmoid(g) * u
     if STORE_H:
         tl.store(h_ptr + r64 * stride_hm + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=ok)
     store_quantised(h, q_ptr, s_ptr, rows, group, cols, ok, r64, M, stride_qm, stride_sg, FP8_MAX)
@@ -59,16 +62,21 @@ def swiglu_quantised(gate_up: torch.Tensor) -> Activations:
     return Activations.quantised(h.view(*gate_up.shape[:-1], h.shape[-1]), q, s)
 
 
-def swiglu_codes(gate_up: torch.Tensor, row_expert: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_codes(gate_up: torch.Tensor, row_expert: torch.Tensor | None = None,
+                 torch_rounding: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up [M, 2I] -> the FP8 codes and scales of h alone (swiglu_quantised's, without writing h).
     With row_expert [M] (a grouped GEMM's rows, -1 on padding), the padding rows are not read and
-    their codes not written (their scales are, and mean nothing)."""
-    _, q, s = _swiglu(gate_up, store_h=False, row_expert=row_expert)
+    their codes not written (their scales are, and mean nothing). Without torch_rounding, h is the
+    Triton MoE's gate_up epilogue's g * sigmoid(g) * u in fp32 (fast exp and division): over a
+    [163840, 2048] gate_up output with 80% of its rows real (the 122B's 16K tokens on DeepGEMM's path)
+    it took 384 us against torch's rounding's 998 (libdevice's exp and a correctly rounded division;
+    H200, docs/benchmarks.md)."""
+    _, q, s = _swiglu(gate_up, store_h=False, row_expert=row_expert, torch_rounding=torch_rounding)
     return q, s
 
 
 def _swiglu(gate_up: torch.Tensor, store_h: bool, row_expert: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            torch_rounding: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     two_i = gate_up.shape[-1]
     if two_i % 2:
         raise ValueError(f"swiglu_quantised: gate_up's last dim {two_i} is not gate's and up's")
@@ -83,6 +91,6 @@ def _swiglu(gate_up: torch.Tensor, store_h: bool, row_expert: torch.Tensor | Non
         _swiglu_quant_kernel[(triton.cdiv(m, rows), triton.cdiv(inter, GROUP))](
             gu, h, q, s, gu if row_expert is None else row_expert, m, inter, gu.stride(0), h.stride(0), q.stride(0),
             s.stride(0), ROWS=rows, BLOCK=GROUP, FP8_MAX=FP8_MAX, ACCURATE_EXP=gu.is_cuda, STORE_H=store_h,
-            SKIP_PADDING=row_expert is not None,
+            SKIP_PADDING=row_expert is not None, TORCH_ROUNDING=torch_rounding,
         )
     return h, q, s.t()
